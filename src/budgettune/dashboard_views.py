@@ -1,0 +1,318 @@
+"""What budgettune pushes into optuna-dashboard: the memory × time scatter and the study note.
+
+Both travel through optuna-dashboard's own Python API as study system attrs: the figure with
+`optuna_dashboard.save_plotly_graph_object` under a fixed id (`PLOT_ID`), so a new publish
+replaces it, and the note with `optuna_dashboard.save_note`. The search calls `publish_views`
+after each trial batch; the dashboard (`budgettune.dashboard`) only reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+import optuna_dashboard
+import plotly.graph_objects as go
+
+from budgettune import storage as storage_mod
+from budgettune.errors import StorageError, StudyNotFoundError
+from budgettune.pinning import phase_advice
+from budgettune.spec import TrialSpec
+from budgettune.study_trials import BASELINE_ATTR, is_feasible
+from budgettune.units import format_bytes
+
+logger = logging.getLogger(__name__)
+
+PLOT_ID = "budgettune-memory-time"
+"""The graph-object id of our scatter: a fixed id makes a new publish replace the old plot."""
+FEASIBLE, INFEASIBLE, OOM = "feasible", "infeasible", "oom"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialPoint:
+    """One trial as the scatter draws it."""
+
+    number: int
+    """Optuna trial number."""
+    kind: str
+    """``feasible`` (ok, under the limit), ``infeasible`` (measured, over it or wrong
+    numerics) or ``oom`` (no figures)."""
+    peak_bytes: int | None
+    """Peak on the study's memory metric (None for OOM)."""
+    step_time_ms: float | None
+    """Median step time (None for OOM)."""
+    peak_phase: str
+    """Where the peak was set, or empty."""
+    baseline: str
+    """Baseline label (``unconstrained``, ``block-ac-every-1``, ``budget-0.5``) or empty."""
+    config: str
+    """Short description of the spec."""
+    outcome: str
+    """Our outcome (``ok``, ``oom``, ``numerics_mismatch``)."""
+
+
+def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> list[TrialPoint]:
+    """The trials the scatter can place: measured ones and OOMs (crashes have no figures)."""
+    points = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        outcome = attrs.get("outcome", "")
+        peak = attrs.get(f"peak_{mem_metric}_bytes")
+        time_ms = attrs.get("step_time_ms")
+        if peak is not None and time_ms is not None:
+            kind = FEASIBLE if is_feasible(trial) else INFEASIBLE
+        elif outcome == "oom":
+            kind, peak, time_ms = OOM, None, None
+        else:
+            continue
+        spec = attrs.get("spec")
+        points.append(
+            TrialPoint(
+                number=trial.number,
+                kind=kind,
+                peak_bytes=None if peak is None else int(peak),
+                step_time_ms=None if time_ms is None else float(time_ms),
+                peak_phase=attrs.get("peak_phase", "") or "",
+                baseline=attrs.get(BASELINE_ATTR, "") or "",
+                config=TrialSpec.from_json_dict(spec).describe() if spec else "",
+                outcome=outcome,
+            )
+        )
+    return points
+
+
+def memory_time_figure(
+    points: Sequence[TrialPoint],
+    *,
+    limit_bytes: int,
+    mem_metric: str,
+    pin: Mapping[str, Any] | None,
+) -> go.Figure:
+    """Peak memory × step time: feasible, infeasible and OOM trials, the limit, the baselines
+    labelled and the pinned configuration starred.
+
+    OOM trials have no figures; they are drawn in a row at the top, just past the limit line.
+    """
+    unit, scale = ("GB", 1e9) if limit_bytes >= 1e9 else ("MB", 1e6)
+    measured = [p for p in points if p.kind != OOM]
+    top_ms = max((p.step_time_ms or 0.0 for p in measured), default=0.0) * 1.08 or 1.0
+    oom_at = (limit_bytes * 1.02 / scale, top_ms)
+
+    def where(point: TrialPoint) -> tuple[float, float]:
+        if point.kind == OOM:
+            return oom_at
+        return (point.peak_bytes or 0) / scale, point.step_time_ms or 0.0
+
+    def hover(point: TrialPoint) -> str:
+        head = f"#{point.number}" + (f" [{point.baseline}]" if point.baseline else "")
+        if point.kind == OOM:
+            return f"{head} OOM<br>{point.config}"
+        figures = f"{format_bytes(point.peak_bytes)}, {point.step_time_ms:.2f} ms"
+        if point.peak_phase:
+            figures += f", peak in {point.peak_phase}"
+        if point.outcome != "ok":
+            figures += f" ({point.outcome})"
+        return f"{head} {point.config}<br>{figures}"
+
+    figure = go.Figure()
+    styles = {
+        FEASIBLE: ("fits", dict(color="#2ca02c", size=9, symbol="circle")),
+        INFEASIBLE: ("over the limit", dict(color="#ff7f0e", size=9, symbol="x")),
+        OOM: ("OOM (no figures)", dict(color="#d62728", size=11, symbol="x-thin-open")),
+    }
+    for kind, (name, marker) in styles.items():
+        group = [p for p in points if p.kind == kind]
+        if not group:
+            continue
+        xy = [where(p) for p in group]
+        figure.add_trace(
+            go.Scatter(
+                name=f"{name} ({len(group)})",
+                x=[x for x, _ in xy],
+                y=[y for _, y in xy],
+                mode="markers",
+                marker=marker,
+                hovertext=[hover(p) for p in group],
+                hoverinfo="text",
+            )
+        )
+    baselines = [p for p in points if p.baseline]
+    if baselines:
+        xy = [where(p) for p in baselines]
+        figure.add_trace(
+            go.Scatter(
+                name="baselines",
+                x=[x for x, _ in xy],
+                y=[y for _, y in xy],
+                mode="markers+text",
+                marker=dict(color="rgba(0,0,0,0)", size=16, line=dict(color="#555", width=1.5)),
+                text=[p.baseline for p in baselines],
+                textposition="top center",
+                hovertext=[hover(p) for p in baselines],
+                hoverinfo="text",
+            )
+        )
+    if pin is not None:
+        measured_pin = pin["measured"]
+        figure.add_trace(
+            go.Scatter(
+                name=f"pinned (trial {pin['trial_number']})",
+                x=[measured_pin["peak_worst_bytes"] / scale],
+                y=[measured_pin["step_time_ms"]],
+                mode="markers+text",
+                marker=dict(
+                    color="#ffd700", size=22, symbol="star", line=dict(color="#000", width=1)
+                ),
+                text=[f"pinned #{pin['trial_number']}"],
+                textposition="bottom center",
+                hovertext=[
+                    f"pinned: trial {pin['trial_number']} "
+                    f"{TrialSpec.from_json_dict(pin['spec']).describe()}<br>"
+                    f"worst re-measured peak {format_bytes(measured_pin['peak_worst_bytes'])}, "
+                    f"median {measured_pin['step_time_ms']:.2f} ms"
+                ],
+                hoverinfo="text",
+            )
+        )
+    figure.add_vline(
+        x=limit_bytes / scale,
+        line=dict(color="#d62728", dash="dash", width=1.5),
+        annotation_text=f"--max-mem {limit_bytes / scale:.2f} {unit}",
+        annotation_position="bottom left",
+    )
+    title = f"Peak {mem_metric} memory vs step time"
+    if pin is not None:
+        title += (
+            f"<br><sup>pinned #{pin['trial_number']}: "
+            f"{format_bytes(pin['measured']['peak_worst_bytes'])}, "
+            f"{pin['measured']['step_time_ms']:.2f} ms"
+        )
+        if pin.get("baseline"):
+            title += f", {pin['baseline']['slowdown'] * 100:+.1f}% vs unconstrained"
+        title += "</sup>"
+    grid = dict(gridcolor="#e6e6e6", zeroline=False, showline=True, linecolor="#999")
+    # The "none" template keeps the stored JSON small (plotly_white alone is ~6.5 kB).
+    figure.update_layout(
+        template="none",
+        title=dict(text=title, x=0.02, xanchor="left"),
+        xaxis=dict(title=dict(text=f"peak {mem_metric} memory ({unit})"), **grid),
+        yaxis=dict(title=dict(text="step time (ms)"), **grid),
+        legend=dict(orientation="h", y=-0.2),
+        margin=dict(l=60, r=20, t=70, b=60),
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+    )
+    return figure
+
+
+def study_note(
+    *,
+    study_name: str,
+    search: Mapping[str, Any],
+    points: Sequence[TrialPoint],
+    num_failed: int,
+    pin: Mapping[str, Any] | None,
+) -> str:
+    """The study note (Markdown): the workload and limit, trial counts, and the current pin
+    with its peak against the limit, step time, slowdown and the optimizer-phase advice."""
+    metric = search.get("mem_metric", "device")
+    limit = int(search.get("max_mem_bytes", 0))
+    counts = {kind: sum(p.kind == kind for p in points) for kind in (FEASIBLE, INFEASIBLE, OOM)}
+    lines = [
+        f"## budgettune: {study_name}",
+        "",
+        f"Workload `{search.get('workload', '?')}`, limit **{format_bytes(limit)}** on peak "
+        f"{metric} memory. Trials: {counts[FEASIBLE]} fit, {counts[INFEASIBLE]} measured over "
+        f"the limit, {counts[OOM]} OOM, {num_failed} crashed or timed out.",
+        "",
+    ]
+    if pin is not None:
+        measured = pin["measured"]
+        peak = measured["peak_worst_bytes"]
+        share = (
+            f", {peak / pin['limit_bytes'] * 100:.1f}% of the limit" if pin["limit_bytes"] else ""
+        )
+        baseline = pin.get("baseline")
+        if baseline:
+            slowdown = (
+                f"{baseline['slowdown'] * 100:+.1f}% ({baseline['step_time_ms']:.2f} ms at "
+                f"budget 1.0, peak {format_bytes(baseline['peak_bytes'])})"
+            )
+        else:
+            slowdown = "unknown: the unconstrained baseline was not measured"
+        lines += [
+            f"### Current pin: trial {pin['trial_number']}",
+            "",
+            f"`{TrialSpec.from_json_dict(pin['spec']).describe()}`",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| peak {pin['mem_metric']} (worst of {measured.get('runs', '?')} re-measurements) "
+            f"| {format_bytes(peak)}{share}, set in {measured.get('peak_phase', '?')} |",
+            f"| limit | {format_bytes(pin['limit_bytes'])} ({pin['mem_metric']}) |",
+            f"| step time (median) | {measured['step_time_ms']:.2f} ms |",
+            f"| slowdown vs unconstrained | {slowdown} |",
+            "",
+        ]
+        advice = pin.get("advice", "")
+    else:
+        lines += [
+            "### No pin yet",
+            "",
+            "The search pins a configuration once it has re-measured the fastest ones that fit.",
+            "",
+        ]
+        ok = [p for p in points if p.outcome == "ok" and p.peak_bytes is not None]
+        lowest = min(ok, key=lambda p: p.peak_bytes or 0) if ok else None
+        advice = phase_advice(lowest.peak_phase) if lowest else ""
+    if advice:
+        lines += [f"> **Advice:** {advice}", ""]
+    lines.append(
+        "_Written by budgettune after each trial batch; edits made here are replaced. The "
+        "memory × time plot is on the study's main page._"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
+    """Push budgettune's views of a study into its optuna-dashboard page.
+
+    Writes the memory × time scatter (graph object `PLOT_ID`) and the study note; calling it
+    again replaces both.
+
+    Args:
+        storage: the open study storage.
+        study_name: the study.
+
+    Raises:
+        StudyNotFoundError: no such study in the storage.
+        StorageError: the storage could not be written.
+    """
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
+    except KeyError:
+        raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
+    search = study.user_attrs.get("search", {})
+    metric = search.get("mem_metric", "device")
+    trials = study.get_trials(deepcopy=False)
+    points = trial_points(trials, metric)
+    num_failed = sum(t.user_attrs.get("outcome") in ("crashed", "timeout") for t in trials)
+    pin = storage.latest_pin(study_name)
+    figure = memory_time_figure(
+        points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin
+    )
+    note = study_note(
+        study_name=study_name, search=search, points=points, num_failed=num_failed, pin=pin
+    )
+    try:
+        optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=PLOT_ID)
+        optuna_dashboard.save_note(study, note)
+    except optuna.exceptions.StorageInternalError as exc:
+        raise StorageError(
+            f"storage {storage.display_url}: cannot publish the dashboard views of "
+            f"{study_name!r}: {exc}"
+        ) from exc
+    logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))

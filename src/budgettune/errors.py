@@ -1,0 +1,71 @@
+"""The one error hierarchy. Every user-facing failure is a `BudgettuneError`.
+
+`cli.py` catches these once, prints ``str(error)`` on one line to stderr and exits with
+``error.exit_code``. Messages say what went wrong *and* what to run next.
+"""
+
+from __future__ import annotations
+
+
+class BudgettuneError(Exception):
+    """Base of every failure budgettune reports to a user (exit code 1)."""
+
+    exit_code: int = 1
+
+
+class UsageError(BudgettuneError):
+    """Bad input from the user: a flag, a file, a reference (exit code 2)."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError, ValueError):
+    """A configuration value is out of range or unknown (raised from ``__post_init__``)."""
+
+
+class WorkloadError(UsageError):
+    """A workload reference does not resolve, or its builder raised."""
+
+
+class DeviceUnavailableError(UsageError):
+    """The requested device (e.g. ``cuda``) is not present on this machine."""
+
+
+class StudyFileError(UsageError):
+    """A study TOML file is missing, unparsable or holds an unknown key."""
+
+
+class PinnedConfigError(UsageError):
+    """A pinned-config JSON is corrupt or of an unsupported schema version."""
+
+
+class StudyNotFoundError(UsageError):
+    """The named study does not exist in the storage."""
+
+
+class StorageError(BudgettuneError):
+    """The study storage cannot be reached or used."""
+
+
+class SchemaBehindError(StorageError):
+    """The database schema is older than this budgettune; `budgettune db upgrade` fixes it."""
+
+
+class SchemaAheadError(StorageError):
+    """The database was written by a newer budgettune than this one."""
+
+
+class WorkerFailedError(BudgettuneError):
+    """Worker processes of a ``--gpus`` search exited before the study's target was met."""
+
+
+class NoFeasibleConfigError(BudgettuneError):
+    """No measured configuration fits under the memory limit (exit code 3)."""
+
+    exit_code = 3
+
+
+class PinNoLongerFitsError(BudgettuneError):
+    """`budgettune verify`: the re-measured pin is over its limit (exit code 3)."""
+
+    exit_code = 3

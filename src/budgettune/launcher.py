@@ -1,0 +1,242 @@
+"""Parent side of one trial: a fresh child process, its log file, a timeout, device pinning.
+
+`launch_trial` writes ``SPEC.json``, runs ``python -m budgettune.trial_worker SPEC.json
+RESULT.json`` in a new process session (so a timeout kills the whole tree), sends its output to
+``trial.log`` and turns whatever happened into a `TrialResult`. The parent never imports torch
+and never initialises CUDA: only the child touches the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from budgettune.errors import DeviceUnavailableError, SpecError
+from budgettune.results import TrialOutcome, TrialResult, read_result
+from budgettune.spec import TrialRun
+
+logger = logging.getLogger(__name__)
+
+SPEC_FILE = "SPEC.json"
+RESULT_FILE = "RESULT.json"
+LOG_FILE = "trial.log"
+DEFAULT_TIMEOUT_S = 900.0
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Child pre-exec hook: SIGKILL this process when the parent dies (Linux only).
+
+    A search killed with SIGKILL must not leave its trial running on the GPU.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def visible_device_env(device: str) -> tuple[str, dict[str, str]]:
+    """Pin a ``cuda:N`` trial to one GPU: the child sees only that GPU, as ``cuda``.
+
+    Args:
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (N counts the GPUs this process may see).
+
+    Returns:
+        The device string for the child and the environment variables to set for it.
+    """
+    if not device.startswith("cuda:"):
+        return device, {}
+    index = int(device.split(":", 1)[1])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        ids = [part.strip() for part in visible.split(",") if part.strip()]
+        if index >= len(ids):
+            raise DeviceUnavailableError(
+                f"--device {device}: CUDA_VISIBLE_DEVICES={visible} shows only {len(ids)} GPU(s)"
+            )
+        physical = ids[index]
+    else:
+        physical = str(index)
+    return "cuda", {"CUDA_VISIBLE_DEVICES": physical}
+
+
+def cuda_device_count() -> int:
+    """Number of NVIDIA GPUs NVML sees, without initialising CUDA in this process (0 if none)."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def check_device_available(device: str) -> None:
+    """Fail early, in the parent, when a CUDA device is asked for and not present.
+
+    Raises:
+        DeviceUnavailableError: ``cuda``/``cuda:N`` on a machine without that GPU.
+    """
+    if device == "cpu":
+        return
+    count = cuda_device_count()
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        count = min(count, len([p for p in visible.split(",") if p.strip()]))
+    if count == 0:
+        raise DeviceUnavailableError(
+            f"--device {device}: no CUDA GPU on this machine (NVML sees none); use --device cpu"
+        )
+    if index >= count:
+        raise DeviceUnavailableError(
+            f"--device {device}: this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})"
+        )
+
+
+_CHECK_OPS = """
+import json, sys
+from budgettune.errors import SpecError
+from budgettune.recompute import resolve_ops
+try:
+    resolve_ops(sys.argv[1:])
+except SpecError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def check_ops_exist(ops: Sequence[str], *, timeout_s: float = 300.0) -> None:
+    """Fail before any trial when an op name does not exist in this torch.
+
+    Resolving an op needs torch, which the parent never imports: a short child process does it.
+
+    Raises:
+        SpecError: an unknown op (the message names it and how to spell one).
+    """
+    if not ops:
+        return
+    out = subprocess.run(
+        [sys.executable, "-c", _CHECK_OPS, *ops],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    if out.returncode != 0:
+        logger.warning("op check exited %s: %s", out.returncode, out.stderr[-2000:])
+        return  # the trials will report it with their logs
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            raise SpecError(json.loads(line)["error"])
+
+
+def launch_trial(
+    run: TrialRun,
+    *,
+    run_dir: str | os.PathLike[str],
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    extra_env: Mapping[str, str] | None = None,
+) -> TrialResult:
+    """Measure one configuration in a fresh child process.
+
+    Args:
+        run: what to measure (written to ``run_dir/SPEC.json``).
+        run_dir: folder for this trial's spec, result and log; created if missing.
+        timeout_s: wall-clock limit for the whole child; past it the process tree is killed.
+        extra_env: environment variables added for the child.
+
+    Returns:
+        The child's `TrialResult`, or one the parent made for a timeout or a child that died
+        without writing its result (``crashed``). ``log_path`` and ``wall_s`` are always set.
+
+    Raises:
+        KeyboardInterrupt: re-raised after the child's process tree has been killed.
+    """
+    folder = Path(run_dir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = (
+        folder / SPEC_FILE,
+        folder / RESULT_FILE,
+        folder / LOG_FILE,
+    )
+    result_path.unlink(missing_ok=True)
+    child_device, device_env = visible_device_env(run.device)
+    child_run = dataclasses.replace(run, device=child_device)
+    spec_path.write_text(json.dumps(child_run.to_json_dict(), indent=2, sort_keys=True) + "\n")
+
+    env = dict(os.environ)
+    env.update(device_env)
+    env.update(extra_env or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    command = [sys.executable, "-m", "budgettune.trial_worker", str(spec_path), str(result_path)]
+    logger.info("trial %s: %s", folder.name, " ".join(command))
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        try:
+            returncode: int | None = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(process)
+            returncode = None
+        except BaseException:
+            _kill_tree(process)
+            raise
+    wall_s = time.monotonic() - started
+
+    common = {"log_path": str(log_path), "wall_s": wall_s}
+    if returncode is None:
+        return TrialResult(
+            outcome=TrialOutcome.TIMEOUT,
+            error=f"trial exceeded its {timeout_s:g} s timeout; process tree killed",
+            **common,  # type: ignore[arg-type]
+        )
+    try:
+        return read_result(result_path).replace(**common)
+    except (OSError, ValueError):
+        return TrialResult(
+            outcome=TrialOutcome.CRASHED,
+            error=_death_message(returncode),
+            **common,  # type: ignore[arg-type]
+        )
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's whole process session (compile workers included) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+
+
+def _death_message(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"trial process killed by {name} without writing a result"
+    return f"trial process exited with code {returncode} without writing a result"

@@ -1,0 +1,395 @@
+"""The measurement recipe (DESIGN.md §4): warm-up, one memory-measured step, N timed steps.
+
+`measure` dispatches to `measure_cuda` or `measure_cpu`. No file I/O; the result is a
+`results.Measurement`. `torch.cuda.OutOfMemoryError` is not caught here: the trial worker
+catches it by type.
+
+CPU peak memory. The default CPU allocator reports every allocation and free to the profiler
+while ``profile_memory=True`` (c10's ``ProfiledCPUMemoryReporter``); a free is reported only for
+a block allocated while profiling, so the running sum of the ``[memory]`` events from the raw
+kineto results (``prof.profiler.kineto_results.events()``; ``prof.events()`` folds allocations
+into ops) is exactly "bytes allocated inside the window and still live". The absolute peak is the
+bytes live at the window's start (`steady_bytes`: unique storages of parameters, buffers,
+gradients, optimizer state and the batch; torch has no CPU allocator statistics) plus the
+window's running-total peak. Phases are separated by ``record_function`` markers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from budgettune.results import PHASES, Measurement
+
+if TYPE_CHECKING:
+    import torch
+
+    from budgettune.recompute import PreparedStep
+    from budgettune.spec import TrialSpec
+
+log = logging.getLogger(__name__)
+
+_MARKER_PREFIX = "budgettune::"
+_NORM_CHUNK_NUMEL = 1 << 22  # float64 chunks of 32 MB: the grad norm must not set a peak
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FirstStep:
+    """What the warm-up records."""
+
+    compile_s: float
+    """Wall time of the first step (compilation happens there)."""
+    loss: float
+    """Loss of the first step."""
+    grad_norm: float
+    """Global L2 norm of the first step's gradients (float64 accumulation)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CpuStepMemory:
+    """Allocator figures of one CPU step, relative to the bytes live at the window's start."""
+
+    window_peak_bytes: int
+    """Peak of the running total of allocations minus frees inside the window."""
+    phase_peak_bytes: dict[str, int]
+    """The running-total peak within each phase (relative, like `window_peak_bytes`)."""
+    num_memory_events: int
+    """How many allocator events the profiler recorded."""
+
+
+def measure(step: PreparedStep, spec: TrialSpec) -> Measurement:
+    """Run the recipe on the step's device.
+
+    Args:
+        step: a prepared step (`recompute.prepare`), not yet run.
+        spec: its spec (warm-up and timed step counts).
+
+    Returns:
+        The figures; all memory figures are absolute bytes.
+
+    Raises:
+        torch.cuda.OutOfMemoryError: passed through.
+    """
+    if step.device.type == "cuda":
+        return measure_cuda(step, spec)
+    return measure_cpu(step, spec)
+
+
+# --------------------------------------------------------------------------- shared parts
+
+
+def global_grad_norm(parameters: Any) -> float:
+    """L2 norm over all gradients, accumulated in float64 chunk by chunk (0.0 without grads)."""
+    import torch
+
+    total: torch.Tensor | None = None
+    for param in parameters:
+        grad = param.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            grad = grad.coalesce().values()
+        for chunk in grad.detach().reshape(-1).split(_NORM_CHUNK_NUMEL):
+            part = chunk.to(torch.float64).square().sum()
+            total = part if total is None else total + part
+    return 0.0 if total is None else math.sqrt(float(total.item()))
+
+
+def _synchronize(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(step: PreparedStep, spec: TrialSpec) -> FirstStep:
+    """Run ``spec.warmup_steps`` full steps; record the first one's time, loss and grad norm."""
+    _synchronize(step.device)
+    start = time.perf_counter()
+    loss = step.forward_loss()
+    step.backward(loss)
+    first_loss = float(loss.detach().float().item())
+    grad_norm = global_grad_norm(step.model.parameters())
+    del loss
+    step.optimizer_step()
+    _synchronize(step.device)
+    compile_s = time.perf_counter() - start
+    for _ in range(spec.warmup_steps - 1):
+        step.run_step()
+    _synchronize(step.device)
+    return FirstStep(compile_s=compile_s, loss=first_loss, grad_norm=grad_norm)
+
+
+def _percentiles_ms(times_ms: list[float]) -> tuple[float, float, float]:
+    """Median, p10, p90 (inclusive method; a single sample is all three)."""
+    if len(times_ms) == 1:
+        return times_ms[0], times_ms[0], times_ms[0]
+    deciles = statistics.quantiles(times_ms, n=10, method="inclusive")
+    return statistics.median(times_ms), deciles[0], deciles[-1]
+
+
+def _peak_phase(phase_peaks: dict[str, int]) -> str:
+    """The phase holding the peak (the earliest on a tie)."""
+    return max(PHASES, key=lambda phase: (phase_peaks[phase], -PHASES.index(phase)))
+
+
+def steady_tensor_bytes(step: PreparedStep) -> int:
+    """Bytes of the unique storages of params, buffers, grads, optimizer state and the batch."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    tensors: list[torch.Tensor] = [*step.model.parameters(), *step.model.buffers()]
+    tensors += [p.grad for p in step.model.parameters() if p.grad is not None]
+    for state in step.optimizer.state.values():
+        tensors += [v for v in pytree.tree_leaves(state) if isinstance(v, torch.Tensor)]
+    tensors += [v for v in pytree.tree_leaves(step.batch) if isinstance(v, torch.Tensor)]
+    storages: dict[tuple[str, int], int] = {}
+    for tensor in tensors:
+        if tensor.device.type != step.device.type:
+            continue
+        storage = tensor.untyped_storage()
+        storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def profile_cpu_step(
+    step: PreparedStep,
+    *,
+    on_window_start: Callable[[], None] | None = None,
+    on_window_end: Callable[[], None] | None = None,
+) -> CpuStepMemory:
+    """Run one full step under the profiler and sum its allocator events.
+
+    Args:
+        step: a warmed-up step.
+        on_window_start: called inside the profiler just before the step (tests read RSS here).
+        on_window_end: called inside the profiler just after the step.
+
+    Returns:
+        Window and per-phase running-total peaks, relative to the window's start.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        if on_window_start is not None:
+            on_window_start()
+        with record_function(_MARKER_PREFIX + "forward"):
+            loss = step.forward_loss()
+        with record_function(_MARKER_PREFIX + "backward"):
+            step.backward(loss)
+            del loss
+        with record_function(_MARKER_PREFIX + "optimizer"):
+            step.optimizer_step()
+        if on_window_end is not None:
+            on_window_end()
+
+    phase_start_ns: dict[str, int] = {}
+    memory: list[tuple[int, int]] = []
+    for event in prof.profiler.kineto_results.events():
+        name = event.name()
+        if name == "[memory]":
+            if event.device_type() == DeviceType.CPU:
+                memory.append((event.start_ns(), event.nbytes()))
+        elif name.startswith(_MARKER_PREFIX) and name[len(_MARKER_PREFIX) :] in PHASES:
+            phase_start_ns[name[len(_MARKER_PREFIX) :]] = event.start_ns()
+    missing = [phase for phase in PHASES if phase not in phase_start_ns]
+    if missing:
+        raise RuntimeError(f"the profiler recorded no marker for phase(s) {missing}")
+    memory.sort()
+    boundaries = sorted((start, phase) for phase, start in phase_start_ns.items())
+    phase_peaks = dict.fromkeys(PHASES, 0)
+    running = peak = 0
+    index = 0
+    for position, (_, phase) in enumerate(boundaries):
+        # Events before the first marker count to it; each phase starts at its level so far.
+        end_ns = boundaries[position + 1][0] if position + 1 < len(boundaries) else None
+        phase_peak = running
+        while index < len(memory) and (end_ns is None or memory[index][0] < end_ns):
+            running += memory[index][1]
+            phase_peak = max(phase_peak, running)
+            index += 1
+        phase_peaks[phase] = phase_peak
+        peak = max(peak, phase_peak)
+    return CpuStepMemory(
+        window_peak_bytes=peak, phase_peak_bytes=phase_peaks, num_memory_events=len(memory)
+    )
+
+
+def _measurement(
+    first: FirstStep,
+    *,
+    allocated: int,
+    reserved: int,
+    device: int,
+    steady: int,
+    phase_peaks: dict[str, int],
+    times_ms: list[float],
+) -> Measurement:
+    """Assemble a `Measurement` (shared by the CPU and CUDA recipes)."""
+    median, p10, p90 = _percentiles_ms(times_ms)
+    return Measurement(
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        peak_device_bytes=device,
+        steady_bytes=steady,
+        phase_peak_bytes=phase_peaks,
+        peak_phase=_peak_phase(phase_peaks),
+        step_time_ms=median,
+        step_time_p10_ms=p10,
+        step_time_p90_ms=p90,
+        compile_s=first.compile_s,
+        loss=first.loss,
+        grad_norm=first.grad_norm,
+    )
+
+
+def measure_cpu(step: PreparedStep, spec: TrialSpec) -> Measurement:
+    """The CPU recipe: profiler allocator events for memory, `perf_counter` for time."""
+    first = warm_up(step, spec)
+    steady = steady_tensor_bytes(step)
+    window = profile_cpu_step(step)
+    phase_peaks = {phase: steady + window.phase_peak_bytes[phase] for phase in PHASES}
+    peak = steady + window.window_peak_bytes
+    times_ms = []
+    for _ in range(spec.timed_steps):
+        start = time.perf_counter()
+        step.run_step()
+        times_ms.append((time.perf_counter() - start) * 1e3)
+    return _measurement(
+        first,
+        allocated=peak,
+        reserved=peak,
+        device=peak,
+        steady=steady,
+        phase_peaks=phase_peaks,
+        times_ms=times_ms,
+    )
+
+
+# --------------------------------------------------------------------------- CUDA
+
+
+def nvml_index(torch_index: int, visible_devices: str | None) -> int | str:
+    """Map a torch CUDA device index to what NVML needs: an index, or a UUID string.
+
+    ``CUDA_VISIBLE_DEVICES`` renumbers devices for torch but not for NVML; entries may be
+    indices or ``GPU-...``/``MIG-...`` UUIDs.
+    """
+    if not visible_devices:
+        return torch_index
+    entries = [entry.strip() for entry in visible_devices.split(",") if entry.strip()]
+    if torch_index >= len(entries):
+        raise ValueError(
+            f"CUDA device {torch_index} is not among CUDA_VISIBLE_DEVICES={visible_devices!r}"
+        )
+    entry = entries[torch_index]
+    return int(entry) if entry.isdigit() else entry
+
+
+def _nvml_process_used_bytes(torch_index: int) -> int | None:
+    """This process's memory on the device as NVML reports it, or None when it cannot say."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        target = nvml_index(torch_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if isinstance(target, int):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(target)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(target)
+        pid = os.getpid()
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = getattr(process, "usedGpuMemory", None)
+            if process.pid == pid and isinstance(used, int):
+                return used
+        return None
+    except (pynvml.NVMLError, ValueError):
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def non_pytorch_device_bytes(device: torch.device) -> int:
+    """Device memory of this process that PyTorch's allocator does not hold (context, libraries).
+
+    Read at a quiet point: NVML's per-process figure when the driver gives it (not in some
+    containers or under MIG), else the device-wide ``total - free`` (which counts other
+    processes too), minus `memory_reserved`.
+    """
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.synchronize(device)
+    used = _nvml_process_used_bytes(index)
+    if used is None:
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+    return max(0, used - torch.cuda.memory_reserved(device))
+
+
+def measure_cuda(step: PreparedStep, spec: TrialSpec) -> Measurement:
+    """The CUDA recipe: allocator peaks per phase, NVML for the rest, CUDA events for time."""
+    import torch
+
+    device = step.device
+    first = warm_up(step, spec)
+    torch.cuda.synchronize(device)
+    steady = torch.cuda.memory_allocated(device)
+    non_pytorch = non_pytorch_device_bytes(device)
+    phase_peaks: dict[str, int] = {}
+    reserved_peak = 0
+
+    def close_phase(phase: str) -> None:
+        nonlocal reserved_peak
+        torch.cuda.synchronize(device)
+        phase_peaks[phase] = torch.cuda.max_memory_allocated(device)
+        reserved_peak = max(reserved_peak, torch.cuda.max_memory_reserved(device))
+        torch.cuda.reset_peak_memory_stats(device)
+
+    torch.cuda.reset_peak_memory_stats(device)
+    loss = step.forward_loss()
+    close_phase("forward")
+    step.backward(loss)
+    del loss
+    close_phase("backward")
+    step.optimizer_step()
+    close_phase("optimizer")
+    peak = max(phase_peaks.values())
+
+    times_ms = []
+    with torch.cuda.device(device):  # events record on the current stream of this device
+        for _ in range(spec.timed_steps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            step.run_step()
+            end.record()
+            end.synchronize()
+            times_ms.append(float(start.elapsed_time(end)))
+    return _measurement(
+        first,
+        allocated=peak,
+        reserved=reserved_peak,
+        device=reserved_peak + non_pytorch,
+        steady=steady,
+        phase_peaks=phase_peaks,
+        times_ms=times_ms,
+    )

@@ -1,0 +1,562 @@
+"""Applies a `TrialSpec` to torch: functorch config, op list, block AC, optimizer, compile.
+
+Shared by the trial child (`trial_worker.py`, through `prepare`) and by `pinning.py` in a user's
+training job (through `apply_to_model`). The functorch settings are always *scoped*
+(`partitioner_settings`), never set globally: AOTAutograd partitions lazily, during the first
+call of a compiled function, so every call that may compile runs inside the scope.
+
+`prepare_process_environment` runs in the child before torch is imported; everything else imports
+torch lazily or at call time so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from budgettune.errors import SpecError
+from budgettune.spec import TrialRun, TrialSpec
+from budgettune.workload import find_blocks
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from budgettune.workload import Workload
+
+_CONFIG_KEYS = (
+    "activation_memory_budget",
+    "activation_memory_budget_solver",
+    "activation_memory_budget_runtime_estimator",
+)
+_BLOCK_AC_MARK = "_budgettune_block_ac"
+
+
+# --------------------------------------------------------------------------- process environment
+
+
+def prepare_process_environment(run: TrialRun) -> None:
+    """Set the environment a trial child needs; call before torch is imported.
+
+    ``PYTORCH_CUDA_ALLOC_CONF`` is read once, when CUDA initialises. The compile caches are
+    either off (``run.cache_dir()`` is None: FX-graph and AOTAutograd caches disabled, a fresh
+    temporary inductor cache) or pointed at the directory of this spec's partition variant,
+    because AOTAutograd's cache key does not cover the solver, the estimator or a patched op
+    list (measured on torch 2.13) and a shared cache would serve a stale partition.
+
+    Args:
+        run: the trial to launch.
+    """
+    spec = run.spec
+    if spec.cuda_alloc_conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec.cuda_alloc_conf
+    cache_dir = run.cache_dir()
+    if cache_dir is None:
+        os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+        os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+        cache_dir = tempfile.mkdtemp(prefix="budgettune-inductor-")
+    else:
+        os.makedirs(cache_dir, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+
+
+# --------------------------------------------------------------------------- partitioner knobs
+
+
+def resolve_ops(names: Sequence[str]) -> list[Any]:
+    """Resolve op names to torch op packets: ``aten.add`` → ``torch.ops.aten.add``.
+
+    Args:
+        names: ``namespace.op`` names (namespace ``aten`` or ``prims``), no overload suffix.
+
+    Returns:
+        The `OpOverloadPacket` of each name, in order (the partitioner's op lists hold packets).
+
+    Raises:
+        SpecError: when a name is malformed or no such op exists in this torch.
+    """
+    import torch
+
+    ops = []
+    for name in names:
+        namespace, _, op_name = name.partition(".")
+        if namespace not in ("aten", "prims") or not op_name or "." in op_name:
+            raise SpecError(
+                f"unknown op {name!r}; write an aten or prims op without overload, "
+                "e.g. aten.add or prims.convert_element_type"
+            )
+        try:
+            op = getattr(getattr(torch.ops, namespace), op_name)
+        except (AttributeError, RuntimeError):
+            op = None
+        if not isinstance(op, torch._ops.OpOverloadPacket):
+            raise SpecError(
+                f"unknown op {name!r} in torch {torch.__version__}; write an existing "
+                "aten/prims op without overload, e.g. aten.add or aten.mm"
+            )
+        ops.append(op)
+    return ops
+
+
+def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
+    """Fail early, before anything compiles, on a spec this process cannot run.
+
+    Args:
+        spec: the configuration.
+        device_type: ``cpu`` or ``cuda``.
+
+    Raises:
+        SpecError: profile estimator off CUDA, ilp solver without scipy, unknown ops, or a
+            partitioner that lacks a knob the spec sets.
+    """
+    import torch._functorch.config as functorch_config
+    import torch._functorch.partitioners as partitioners
+
+    if spec.is_compiled and spec.runtime_estimator == "profile" and device_type != "cuda":
+        raise SpecError(
+            f"runtime_estimator 'profile' benchmarks ops on a GPU and needs CUDA, not "
+            f"{device_type!r}; use runtime_estimator 'flops'"
+        )
+    if spec.is_compiled and spec.knapsack_solver == "ilp":
+        if importlib.util.find_spec("scipy") is None:
+            raise SpecError("knapsack_solver 'ilp' needs scipy: run `pip install scipy`")
+    for key in _CONFIG_KEYS:
+        if not hasattr(functorch_config, key):
+            raise SpecError(f"this torch's functorch config has no {key}; upgrade torch (>= 2.6)")
+    if spec.recompute_ops_removed or spec.recompute_ops_added:
+        if not callable(getattr(partitioners, "get_default_op_list", None)):
+            raise SpecError(
+                "this torch's partitioner has no get_default_op_list, so the recomputable "
+                "op list cannot be changed; upgrade torch or leave the op lists empty"
+            )
+    resolve_ops(spec.recompute_ops_removed)
+    resolve_ops(spec.recompute_ops_added)
+
+
+def _op_list_override(
+    original: Callable[[], Any], removed: Sequence[Any], added: Sequence[Any]
+) -> Callable[[], Any]:
+    """A `get_default_op_list` that edits the recomputable list of the original's result.
+
+    The partitioner derives ``fusible_ops = recomputable_ops | random_ops`` and uses fusibility
+    to decide whether saving a node materialises it; we keep that invariant, so an added op
+    (e.g. aten.mm) is not banned as "materialized in backward" before the allowlist is even
+    consulted. The original returns a fresh `OpTypes` per call; we still build a new one.
+    """
+
+    @functools.wraps(original)
+    def get_default_op_list() -> Any:
+        op_types = original()
+        for attr in ("recomputable_ops", "fusible_ops", "random_ops"):
+            if not hasattr(op_types, attr):
+                raise RuntimeError(
+                    f"torch's partitioner OpTypes has no {attr}; this torch is not supported "
+                    "for recompute op-list overrides"
+                )
+        ordered_set = type(op_types.recomputable_ops)
+        recomputable = ordered_set(
+            [op for op in op_types.recomputable_ops if op not in removed]
+            + [op for op in added if op not in op_types.recomputable_ops]
+        )
+        fusible = ordered_set(
+            [op for op in op_types.fusible_ops if op not in removed or op in op_types.random_ops]
+            + [op for op in added if op not in op_types.fusible_ops]
+        )
+        return dataclasses.replace(op_types, recomputable_ops=recomputable, fusible_ops=fusible)
+
+    return get_default_op_list
+
+
+@contextlib.contextmanager
+def partitioner_settings(spec: TrialSpec) -> Iterator[None]:
+    """Scope the spec's partitioner knobs: budget, solver, estimator and the recomputable ops.
+
+    Everything is restored on exit, including after an exception. Nested use is allowed (the
+    inner spec wins inside).
+
+    Raises:
+        SpecError: on an unknown op name.
+    """
+    import torch._functorch.config as functorch_config
+    import torch._functorch.partitioners as partitioners
+
+    removed = resolve_ops(spec.recompute_ops_removed)
+    added = resolve_ops(spec.recompute_ops_added)
+    patch = functorch_config.patch(
+        activation_memory_budget=spec.activation_memory_budget,
+        activation_memory_budget_solver=spec.knapsack_solver,
+        activation_memory_budget_runtime_estimator=spec.runtime_estimator,
+    )
+    with patch:
+        if not removed and not added:
+            yield
+            return
+        original = partitioners.get_default_op_list
+        partitioners.get_default_op_list = _op_list_override(original, removed, added)
+        try:
+            yield
+        finally:
+            partitioners.get_default_op_list = original
+
+
+# --------------------------------------------------------------------------- block AC
+
+
+def _torchtitan_op_policy() -> Callable[..., Any]:
+    """torchtitan's selective-AC "op" policy: save matmul/attention/max/reduce-scatter outputs,
+    recompute the rest, and recompute every second mm (counted per checkpointed block call)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten.max.default}
+    for name in (
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            save.add(packet.default)
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    reduce_scatter = getattr(c10d, "reduce_scatter_tensor", None) if c10d else None
+    if reduce_scatter is not None:
+        save.add(reduce_scatter.default)
+    mm_counts: defaultdict[str, int] = defaultdict(int)
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
+        if func == aten.mm.default:
+            mm_counts[key] += 1
+        to_save = func in save and not (func == aten.mm.default and mm_counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _op_policy_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    # A fresh counter per checkpointed call, like torchtitan (its `meta` dict per context).
+    return create_selective_checkpoint_contexts(_torchtitan_op_policy())
+
+
+def _full_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    return checkpointed_forward
+
+
+def _op_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
+        # context_fn must be a plain function dynamo can see (not a closure cell holding
+        # noop_context_fn: dynamo 2.13 raises "checkpoint not implemented for
+        # LazyVariableTracker context_fn" on that).
+        return checkpoint(
+            inner, *args, use_reentrant=False, context_fn=_op_policy_context, **kwargs
+        )
+
+    return checkpointed_forward
+
+
+def apply_block_ac(blocks: Sequence[nn.Module], every: int, policy: str) -> int:
+    """Wrap every ``every``-th block in non-reentrant `torch.utils.checkpoint`, in place.
+
+    Like torchtitan's ``ac_freq``, the blocks at 1-based positions ``every, 2*every, ...`` are
+    wrapped (every=1: all; every=2: the 2nd, 4th, ...). The block's instance ``forward`` is
+    replaced, so the module tree and state_dict keys do not change; it works eagerly and under
+    `torch.compile` (dynamo turns the checkpoint into its tag_activation_checkpoint op).
+
+    Args:
+        blocks: the repeated blocks, in model order.
+        every: 0 = off; k = wrap every k-th block.
+        policy: ``full`` (recompute the whole block) or ``op`` (torchtitan's selective policy).
+
+    Returns:
+        The number of blocks wrapped.
+
+    Raises:
+        SpecError: on an unknown policy or a block already wrapped.
+    """
+    if policy not in ("full", "op"):
+        raise SpecError(f"unknown block_ac_policy {policy!r}; choose one of: full, op")
+    if every < 0:
+        raise SpecError(f"block_ac_every must be >= 0, got {every}")
+    if every == 0:
+        return 0
+    wrapped = 0
+    for position, block in enumerate(blocks, start=1):
+        if position % every:
+            continue
+        if getattr(block, _BLOCK_AC_MARK, False):
+            raise SpecError(f"block {position - 1} ({type(block).__name__}) is already wrapped")
+        wrap = _op_checkpointed if policy == "op" else _full_checkpointed
+        block.forward = wrap(block.forward)  # type: ignore[method-assign]
+        setattr(block, _BLOCK_AC_MARK, True)
+        wrapped += 1
+    return wrapped
+
+
+# --------------------------------------------------------------------------- optimizer, compile
+
+
+def build_optimizer(workload: Workload, spec: TrialSpec, params: Any) -> torch.optim.Optimizer:
+    """Build the workload's optimizer, rebuilt with the spec's implementation flag.
+
+    Args:
+        workload: gives the optimizer factory (AdamW(lr=1e-4) when it has none).
+        spec: its ``optimizer_impl`` goes to `rebuild_optimizer`.
+        params: what the factory gets, e.g. ``model.parameters()``.
+
+    Raises:
+        SpecError: when the optimizer class has no such flag.
+    """
+    import torch
+
+    optimizer: torch.optim.Optimizer
+    if workload.optimizer is None:
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+    else:
+        optimizer = workload.optimizer(params)
+    return rebuild_optimizer(optimizer, spec.optimizer_impl)
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """The same optimizer with an implementation flag: same class, param groups and defaults.
+
+    Call before the first step (optimizer state is not carried over).
+
+    Args:
+        optimizer: a `torch.optim` optimizer (or any class taking the flag in ``__init__``).
+        impl: ``as_written`` (returns ``optimizer`` itself), ``foreach`` or ``fused`` (that flag
+            True, the other one False where the class has it).
+
+    Raises:
+        SpecError: on an unknown impl, or a class whose ``__init__`` has no such flag.
+    """
+    if impl == "as_written":
+        return optimizer
+    if impl not in ("foreach", "fused"):
+        raise SpecError(
+            f"unknown optimizer_impl {impl!r}; choose one of: as_written, foreach, fused"
+        )
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    if impl not in accepted:
+        raise SpecError(
+            f"optimizer_impl {impl!r}: {cls.__module__}.{cls.__qualname__} takes no {impl!r} "
+            "flag; use optimizer_impl 'as_written'"
+        )
+    other = "fused" if impl == "foreach" else "foreach"
+    flags = {impl: True, **({other: False} if other in accepted else {})}
+    # defaults can hold keys __init__ does not take (AdamW: decoupled_weight_decay).
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    defaults.update(flags)
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    return cls(groups, **defaults)
+
+
+def compile_model(model: nn.Module, spec: TrialSpec) -> Callable[..., Any]:
+    """`torch.compile` the model as the spec says (``eager``: the model unchanged).
+
+    Compilation is lazy: call the result inside `partitioner_settings(spec)`.
+    """
+    import torch
+
+    if not spec.is_compiled:
+        return model
+    if spec.compile_backend == "inductor":
+        mode = None if spec.compile_mode == "default" else spec.compile_mode
+        return torch.compile(model, backend="inductor", mode=mode)
+    return torch.compile(model, backend=spec.compile_backend)
+
+
+# --------------------------------------------------------------------------- the prepared step
+
+
+@dataclass(kw_only=True)
+class PreparedStep:
+    """One workload with a spec applied: what `measure.py` runs step after step."""
+
+    model: nn.Module
+    """The original model (blocks possibly wrapped for AC); owns the parameters."""
+    compiled: Callable[..., Any]
+    """What the loss calls: the compiled model, or the model itself when eager."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer over the model's parameters."""
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    """``loss(model, batch) -> scalar``."""
+    batch: Any
+    """The batch pytree, on the device."""
+    autocast_dtype: torch.dtype | None
+    """Forward and loss run under `torch.autocast` with this dtype when set."""
+    device: torch.device
+    """Where the step runs."""
+    spec: TrialSpec
+    """The applied configuration."""
+
+    def forward_loss(self) -> torch.Tensor:
+        """Forward and loss, inside the spec's partitioner settings (compilation happens here)."""
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(partitioner_settings(self.spec))
+            if self.autocast_dtype is not None:
+                stack.enter_context(
+                    torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+                )
+            return self.loss_fn(self.compiled, self.batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward (inside the settings too: a lazily compiled backward sees the same config)."""
+        with partitioner_settings(self.spec):
+            loss.backward()
+
+    def optimizer_step(self) -> None:
+        """`optimizer.step()` then `zero_grad(set_to_none=True)`."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def run_step(self) -> torch.Tensor:
+        """One full training step; returns the (detached) loss."""
+        loss = self.forward_loss()
+        self.backward(loss)
+        self.optimizer_step()
+        return loss.detach()
+
+
+def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> PreparedStep:
+    """Apply a spec to a workload: checks, block AC, optimizer, compile (lazy).
+
+    Raises:
+        SpecError: when the spec cannot run here (see `check_spec_supported`), or block AC is
+            asked for and the model has no repeated blocks.
+    """
+    check_spec_supported(spec, device.type)
+    model = workload.model
+    if spec.block_ac_every:
+        blocks = list(workload.blocks) if workload.blocks is not None else find_blocks(model)
+        if not blocks:
+            raise SpecError(
+                "block_ac_every needs repeated blocks: pass Workload(blocks=model.layers)"
+            )
+        apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
+    optimizer = build_optimizer(workload, spec, model.parameters())
+    compiled = compile_model(model, spec)
+    return PreparedStep(
+        model=model,
+        compiled=compiled,
+        optimizer=optimizer,
+        loss_fn=workload.loss,
+        batch=workload.batch,
+        autocast_dtype=workload.autocast_dtype,
+        device=device,
+        spec=spec,
+    )
+
+
+def _scoped_module_class() -> type:
+    from torch import nn
+
+    class RecomputeScoped(nn.Module):
+        """Calls the compiled module inside the spec's partitioner settings.
+
+        The original module is registered as ``module`` (state_dict keys get a ``module.``
+        prefix; save ``wrapper.module.state_dict()`` for the original keys).
+        """
+
+        def __init__(self, module: nn.Module, compiled: Callable[..., Any], spec: TrialSpec):
+            super().__init__()
+            self.module = module
+            self._compiled = [compiled]  # a list: keep the OptimizedModule out of the tree
+            self.spec = spec
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            with partitioner_settings(self.spec):
+                return self._compiled[0](*args, **kwargs)
+
+    return RecomputeScoped
+
+
+def apply_to_model(
+    model: nn.Module, spec: TrialSpec, blocks: Sequence[nn.Module] | None = None
+) -> nn.Module:
+    """Apply a pinned spec in a user's training job: block AC, then compile, scoped settings.
+
+    Args:
+        model: the model, on its device.
+        spec: the pinned configuration (its optimizer and allocator knobs are the caller's).
+        blocks: the repeated blocks for block AC; found with `find_blocks` when None.
+
+    Returns:
+        The model itself when ``compile_mode`` is ``eager``; else a module whose calls run the
+        compiled model inside `partitioner_settings(spec)` (the backward's partition is chosen
+        during the forward call, so the backward needs no scope).
+
+    Raises:
+        SpecError: on an unsupported spec or block AC without blocks.
+    """
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
+    check_spec_supported(spec, device_type)
+    if spec.block_ac_every:
+        found = list(blocks) if blocks is not None else find_blocks(model)
+        if not found:
+            raise SpecError("block_ac_every needs repeated blocks: pass blocks=model.layers")
+        apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
+    if not spec.is_compiled:
+        return model
+    return _scoped_module_class()(model, compile_model(model, spec), spec)
+
+
+# --------------------------------------------------------------------------- introspection
+
+
+def saved_activation_stats(step: PreparedStep) -> tuple[int, int]:
+    """Count the activations one forward saves for backward: (tensors, bytes).
+
+    Uses `saved_tensors_hooks` (a TorchDispatchMode would make compiled code run eagerly);
+    compiled graphs save through ``ctx.save_for_backward`` so the hooks see them. Tensors are
+    deduplicated by storage, and storages of parameters, buffers and the batch are left out.
+    Runs one forward+loss and one backward (so a lazily compiled backward compiles too); the
+    gradients are then dropped.
+    """
+    import torch
+    import torch.utils._pytree as pytree
+
+    excluded = {
+        t.untyped_storage().data_ptr() for t in [*step.model.parameters(), *step.model.buffers()]
+    }
+    excluded |= {
+        leaf.untyped_storage().data_ptr()
+        for leaf in pytree.tree_leaves(step.batch)
+        if isinstance(leaf, torch.Tensor)
+    }
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = step.forward_loss()
+    step.backward(loss)
+    step.optimizer.zero_grad(set_to_none=True)
+    return len(saved), sum(saved.values())

@@ -1,0 +1,196 @@
+"""The parent/child contract: `TrialOutcome`, `Measurement`, `TrialResult`, JSON in and out.
+
+The child writes ``RESULT.json`` atomically (`write_result_atomically`); the parent reads it
+(`read_result`). A missing or unreadable result file is a crash, decided by the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from budgettune.errors import SpecError
+
+PHASES = ("forward", "backward", "optimizer")
+MEM_METRICS = ("device", "reserved", "allocated")
+
+
+class TrialOutcome(str, enum.Enum):
+    """How a trial ended."""
+
+    OK = "ok"
+    OOM = "oom"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    NUMERICS_MISMATCH = "numerics_mismatch"
+
+    def is_feasible(self) -> bool:
+        """Whether a config with this outcome may be pinned (still subject to the limit)."""
+        return self is TrialOutcome.OK
+
+    def is_measured(self) -> bool:
+        """Whether the trial produced memory and time figures."""
+        return self in (TrialOutcome.OK, TrialOutcome.NUMERICS_MISMATCH)
+
+    def is_infeasible_result(self) -> bool:
+        """Whether Optuna should record the trial as complete-and-infeasible (not failed).
+
+        OOM teaches the sampler where the memory boundary is; a numerics mismatch is a real,
+        measured point that must never be pinned. Crashes and timeouts are failures.
+        """
+        return self in (TrialOutcome.OOM, TrialOutcome.NUMERICS_MISMATCH)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measurement:
+    """Figures of one measured trial (all memory figures are absolute bytes)."""
+
+    peak_allocated_bytes: int
+    """CUDA: `max_memory_allocated` over the measured step. CPU: the profiler's absolute peak."""
+    peak_reserved_bytes: int
+    """CUDA: `max_memory_reserved`. CPU: equal to the allocated peak."""
+    peak_device_bytes: int
+    """CUDA: what nvidia-smi would show at the peak (reserved peak + context + non-PyTorch).
+    CPU: equal to the allocated peak."""
+    steady_bytes: int
+    """Bytes allocated before the step: parameters + gradients + optimizer state (+ batch)."""
+    phase_peak_bytes: Mapping[str, int]
+    """Allocated peak of each phase (``forward``, ``backward``, ``optimizer``), absolute."""
+    peak_phase: str
+    """The phase whose peak is the step's peak."""
+    step_time_ms: float
+    """Median wall time of the timed steps."""
+    step_time_p10_ms: float
+    """10th percentile of the timed steps."""
+    step_time_p90_ms: float
+    """90th percentile of the timed steps."""
+    compile_s: float
+    """Wall time of the first warm-up step (compilation happens there)."""
+    loss: float
+    """Loss of the first step under the spec's seed."""
+    grad_norm: float
+    """Global L2 norm of the gradients of the first step."""
+
+    def __post_init__(self) -> None:
+        if self.peak_phase not in PHASES:
+            raise SpecError(f"peak_phase must be one of {PHASES}, got {self.peak_phase!r}")
+        object.__setattr__(self, "phase_peak_bytes", dict(self.phase_peak_bytes))
+
+    def peak_bytes(self, metric: str) -> int:
+        """The peak on one of the memory metrics: ``device``, ``reserved`` or ``allocated``."""
+        if metric not in MEM_METRICS:
+            raise SpecError(f"unknown memory metric {metric!r}; choose one of {MEM_METRICS}")
+        return int(getattr(self, f"peak_{metric}_bytes"))
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        data = dataclasses.asdict(self)
+        data["phase_peak_bytes"] = dict(self.phase_peak_bytes)
+        return data
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """Build from the JSON form."""
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialResult:
+    """What one trial produced: the outcome, the figures if measured, and where its log is."""
+
+    outcome: TrialOutcome
+    """How the trial ended."""
+    measurement: Measurement | None = None
+    """Figures, present when ``outcome.is_measured()``."""
+    error: str = ""
+    """One line saying what went wrong (empty when ok)."""
+    device_name: str = ""
+    """e.g. ``NVIDIA H200`` or ``cpu``."""
+    torch_version: str = ""
+    """`torch.__version__` in the child."""
+    cuda_version: str = ""
+    """`torch.version.cuda` in the child (empty on CPU builds)."""
+    log_path: str = ""
+    """The per-trial log file (stdout and stderr of the child)."""
+    wall_s: float = 0.0
+    """Wall time of the whole child process as seen by the parent."""
+    workload_fingerprint: Mapping[str, Any] | None = None
+    """`workload.WorkloadFingerprint.to_json_dict()` of the workload the child built."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", TrialOutcome(self.outcome))
+        if self.outcome.is_measured() and self.measurement is None:
+            raise SpecError(f"a {self.outcome.value} result needs a measurement")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form (what ``budgettune trial --json`` prints)."""
+        return {
+            "outcome": self.outcome.value,
+            "measurement": None if self.measurement is None else self.measurement.to_json_dict(),
+            "error": self.error,
+            "device_name": self.device_name,
+            "torch_version": self.torch_version,
+            "cuda_version": self.cuda_version,
+            "log_path": self.log_path,
+            "wall_s": self.wall_s,
+            "workload_fingerprint": (
+                None if self.workload_fingerprint is None else dict(self.workload_fingerprint)
+            ),
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> TrialResult:
+        """Build from the JSON form."""
+        values = dict(data)
+        if values.get("measurement") is not None:
+            values["measurement"] = Measurement.from_json_dict(values["measurement"])
+        values["outcome"] = TrialOutcome(values["outcome"])
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> TrialResult:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def write_json_atomically(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
+    """Write JSON to a temp file in the same folder, fsync, then rename over ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_result_atomically(path: str | os.PathLike[str], result: TrialResult) -> None:
+    """Write ``RESULT.json`` so a reader never sees a half-written file."""
+    write_json_atomically(path, result.to_json_dict())
+
+
+def read_result(path: str | os.PathLike[str]) -> TrialResult:
+    """Read ``RESULT.json``.
+
+    Raises:
+        OSError: when the file is missing.
+        ValueError: when it is not a valid result (json.JSONDecodeError is a ValueError).
+    """
+    with open(path) as handle:
+        data = json.load(handle)
+    try:
+        return TrialResult.from_json_dict(data)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a TrialResult: {exc}") from exc

@@ -1,0 +1,226 @@
+"""What the storage hands out: frozen dataclasses, and their conversion from and to rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from budgettune.results import Measurement, TrialOutcome, TrialResult
+from budgettune.spec import TrialSpec
+from budgettune.storage.models import MeasurementRow, WorkloadRow
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredWorkload:
+    """A workload as recorded: its reference, builder options and fingerprint."""
+
+    digest: str
+    """The fingerprint digest (the workload's identity)."""
+    ref: str
+    """The workload reference (``builtin:NAME``, ``file.py:fn``, ``pkg.mod:fn``)."""
+    options: Mapping[str, Any]
+    """Keyword arguments given to the builder."""
+    param_count: int
+    """Number of parameters."""
+    param_bytes: int
+    """Bytes of the parameters."""
+    batch: tuple[str, ...]
+    """Shape and dtype of every batch tensor, as the fingerprint writes them."""
+    created_at: datetime
+    """When it was first recorded (UTC)."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fingerprint mapping (``param_count``, ``param_bytes``, ``batch``, ``digest``)."""
+        return {
+            "param_count": self.param_count,
+            "param_bytes": self.param_bytes,
+            "batch": list(self.batch),
+            "digest": self.digest,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredMeasurement:
+    """One stored run of a TrialSpec; `to_result` gives back the `TrialResult`."""
+
+    id: int
+    """Row id (increases with insertion order)."""
+    study_name: str
+    """The Optuna study it belongs to."""
+    trial_number: int | None
+    """Optuna trial number; None for runs outside the ask/tell loop (e.g. ``verify``)."""
+    kind: str
+    """``trial``, ``reverify`` or ``verify``."""
+    workload_digest: str | None
+    """Digest of the workload measured, when recorded."""
+    spec: TrialSpec
+    """The configuration measured."""
+    outcome: TrialOutcome
+    """How the run ended."""
+    peak_allocated_bytes: int | None = None
+    """See `Measurement` for this and the following figures (None when not measured)."""
+    peak_reserved_bytes: int | None = None
+    peak_device_bytes: int | None = None
+    steady_bytes: int | None = None
+    phase_peak_bytes: Mapping[str, int] = field(default_factory=dict)
+    peak_phase: str | None = None
+    step_time_ms: float | None = None
+    step_time_p10_ms: float | None = None
+    step_time_p90_ms: float | None = None
+    compile_s: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    error: str = ""
+    """One-line error of a failed run."""
+    device_name: str = ""
+    torch_version: str = ""
+    cuda_version: str = ""
+    log_path: str = ""
+    wall_s: float = 0.0
+    """Wall time of the child process."""
+    workload_fingerprint: Mapping[str, Any] | None = None
+    """The fingerprint of the recorded workload with this digest, if recorded."""
+    created_at: datetime
+    """When it was stored (UTC)."""
+
+    @property
+    def has_measurement(self) -> bool:
+        """Whether memory and time figures were stored."""
+        return self.peak_allocated_bytes is not None
+
+    def measurement(self) -> Measurement | None:
+        """The figures as a `Measurement` (None when the run produced none)."""
+        if not self.has_measurement:
+            return None
+        return Measurement(
+            peak_allocated_bytes=_int(self.peak_allocated_bytes),
+            peak_reserved_bytes=_int(self.peak_reserved_bytes),
+            peak_device_bytes=_int(self.peak_device_bytes),
+            steady_bytes=_int(self.steady_bytes),
+            phase_peak_bytes=dict(self.phase_peak_bytes),
+            peak_phase=self.peak_phase or "forward",
+            step_time_ms=_float(self.step_time_ms),
+            step_time_p10_ms=_float(self.step_time_p10_ms),
+            step_time_p90_ms=_float(self.step_time_p90_ms),
+            compile_s=_float(self.compile_s),
+            loss=_float(self.loss),
+            grad_norm=_float(self.grad_norm),
+        )
+
+    def to_result(self) -> TrialResult:
+        """The `TrialResult` this row was recorded from."""
+        return TrialResult(
+            outcome=self.outcome,
+            measurement=self.measurement(),
+            error=self.error,
+            device_name=self.device_name,
+            torch_version=self.torch_version,
+            cuda_version=self.cuda_version,
+            log_path=self.log_path,
+            wall_s=self.wall_s,
+            workload_fingerprint=(
+                None if self.workload_fingerprint is None else dict(self.workload_fingerprint)
+            ),
+        )
+
+
+def _int(value: int | None) -> int:
+    return 0 if value is None else int(value)
+
+
+def _float(value: float | None) -> float:
+    # SQLite stores NaN as NULL; a diverged loss comes back as NaN, not as a missing value.
+    return math.nan if value is None else float(value)
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite returns naive datetimes; every stored time is UTC."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+def dumps(data: Any) -> str:
+    """Canonical JSON for a column."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def measurement_columns(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
+    """Column values of a `MeasurementRow` for a spec and its result."""
+    columns: dict[str, Any] = {
+        "spec_json": dumps(spec.to_json_dict()),
+        "outcome": result.outcome.value,
+        "error": result.error,
+        "device_name": result.device_name,
+        "torch_version": result.torch_version,
+        "cuda_version": result.cuda_version,
+        "log_path": result.log_path,
+        "wall_s": float(result.wall_s),
+    }
+    figures = result.measurement
+    if figures is not None:
+        columns.update(
+            peak_allocated_bytes=figures.peak_allocated_bytes,
+            peak_reserved_bytes=figures.peak_reserved_bytes,
+            peak_device_bytes=figures.peak_device_bytes,
+            steady_bytes=figures.steady_bytes,
+            phase_peaks_json=dumps(dict(figures.phase_peak_bytes)),
+            peak_phase=figures.peak_phase,
+            step_time_ms=figures.step_time_ms,
+            step_time_p10_ms=figures.step_time_p10_ms,
+            step_time_p90_ms=figures.step_time_p90_ms,
+            compile_s=figures.compile_s,
+            loss=figures.loss,
+            grad_norm=figures.grad_norm,
+        )
+    return columns
+
+
+def stored_workload(row: WorkloadRow) -> StoredWorkload:
+    """A `WorkloadRow` as a frozen dataclass."""
+    return StoredWorkload(
+        digest=row.digest,
+        ref=row.ref,
+        options=json.loads(row.options_json),
+        param_count=row.param_count,
+        param_bytes=row.param_bytes,
+        batch=tuple(json.loads(row.batch_json)),
+        created_at=as_utc(row.created_at),
+    )
+
+
+def stored_measurement(
+    row: MeasurementRow, workload: WorkloadRow | None = None
+) -> StoredMeasurement:
+    """A `MeasurementRow` (and its workload, if recorded) as a frozen dataclass."""
+    return StoredMeasurement(
+        id=row.id,
+        study_name=row.study_name,
+        trial_number=row.trial_number,
+        kind=row.kind,
+        workload_digest=row.workload_digest,
+        spec=TrialSpec.from_json_dict(json.loads(row.spec_json)),
+        outcome=TrialOutcome(row.outcome),
+        peak_allocated_bytes=row.peak_allocated_bytes,
+        peak_reserved_bytes=row.peak_reserved_bytes,
+        peak_device_bytes=row.peak_device_bytes,
+        steady_bytes=row.steady_bytes,
+        phase_peak_bytes=json.loads(row.phase_peaks_json) if row.phase_peaks_json else {},
+        peak_phase=row.peak_phase,
+        step_time_ms=row.step_time_ms,
+        step_time_p10_ms=row.step_time_p10_ms,
+        step_time_p90_ms=row.step_time_p90_ms,
+        compile_s=row.compile_s,
+        loss=row.loss,
+        grad_norm=row.grad_norm,
+        error=row.error,
+        device_name=row.device_name,
+        torch_version=row.torch_version,
+        cuda_version=row.cuda_version or "",
+        log_path=row.log_path,
+        wall_s=row.wall_s,
+        workload_fingerprint=None if workload is None else stored_workload(workload).fingerprint(),
+        created_at=as_utc(row.created_at),
+    )

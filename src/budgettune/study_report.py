@@ -1,0 +1,178 @@
+"""What `budgettune show` reports about a study: its trials, the best feasible, the Pareto front.
+
+Reads Optuna's trials (every measurement is in their user attrs) and our latest pin; builds
+frozen rows for the CLI to render.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from budgettune import storage as storage_mod
+from budgettune.errors import StudyNotFoundError, UsageError
+from budgettune.pinning import phase_advice
+from budgettune.spec import TrialSpec
+from budgettune.study_trials import BASELINE_ATTR, is_feasible, unconstrained_baseline
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRow:
+    """One trial as shown in the table."""
+
+    number: int
+    """Optuna trial number."""
+    state: str
+    """Optuna state (COMPLETE, FAIL, RUNNING...)."""
+    outcome: str
+    """Our outcome, or empty while running."""
+    baseline: str
+    """Baseline label, or empty."""
+    config: str
+    """Short description of the spec."""
+    peak_bytes: int | None
+    """Peak on the study's memory metric."""
+    step_time_ms: float | None
+    """Median step time."""
+    slowdown: float | None
+    """Relative to the unconstrained baseline."""
+    peak_phase: str
+    """Where the peak was set."""
+    feasible: bool
+    """ok and under the limit."""
+    error: str
+    """One-line reason for a failure."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudyReport:
+    """Everything `show` renders."""
+
+    study_name: str
+    """The study."""
+    workload: str
+    """Its workload reference."""
+    limit_bytes: int
+    """The memory limit."""
+    mem_metric: str
+    """The metric the limit applies to."""
+    rows: tuple[TrialRow, ...]
+    """All trials, by number."""
+    best: TrialRow | None
+    """Fastest feasible trial."""
+    pareto: tuple[TrialRow, ...]
+    """Measured ok trials not dominated on (peak, step time), by peak."""
+    pin: dict[str, Any] | None
+    """The latest pin of the study."""
+    advice: str
+    """Said when recompute cannot help (the peak sits in the optimizer step)."""
+
+
+def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
+    """The given study, or the only one in the storage.
+
+    Raises:
+        StudyNotFoundError: unknown name (the known ones are listed), or several and none given.
+    """
+    names = storage_mod.study_names(store.url)
+    if name is not None:
+        if name not in names:
+            known = ", ".join(names) if names else "none"
+            raise StudyNotFoundError(f"no study {name!r} in {store.display_url}; studies: {known}")
+        return name
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise StudyNotFoundError(
+            f"no studies in {store.display_url}; run `budgettune search --max-mem SIZE` first"
+        )
+    raise UsageError(
+        f"{len(names)} studies in {store.display_url}; pick one with --study: {', '.join(names)}"
+    )
+
+
+def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
+    """Rows with no other row at most as high in peak *and* time and better in one."""
+    measured = [
+        r
+        for r in rows
+        if r.outcome == "ok" and r.peak_bytes is not None and r.step_time_ms is not None
+    ]
+    front = []
+    for row in measured:
+        dominated = any(
+            other.peak_bytes <= row.peak_bytes  # type: ignore[operator]
+            and other.step_time_ms <= row.step_time_ms  # type: ignore[operator]
+            and (other.peak_bytes < row.peak_bytes or other.step_time_ms < row.step_time_ms)  # type: ignore[operator]
+            for other in measured
+        )
+        if not dominated:
+            front.append(row)
+    return sorted(front, key=lambda r: r.peak_bytes or 0)
+
+
+def _rows(trials: Sequence[optuna.trial.FrozenTrial], metric: str) -> list[TrialRow]:
+    baseline = unconstrained_baseline(trials)
+    baseline_ms = baseline["step_time_ms"] if baseline else None
+    rows = []
+    for t in trials:
+        a = t.user_attrs
+        spec = TrialSpec.from_json_dict(a["spec"]) if "spec" in a else None
+        time_ms = a.get("step_time_ms")
+        rows.append(
+            TrialRow(
+                number=t.number,
+                state=t.state.name,
+                outcome=a.get("outcome", ""),
+                baseline=a.get(BASELINE_ATTR, ""),
+                config=spec.describe() if spec else "",
+                peak_bytes=a.get(f"peak_{metric}_bytes"),
+                step_time_ms=time_ms,
+                slowdown=(time_ms / baseline_ms - 1.0) if time_ms and baseline_ms else None,
+                peak_phase=a.get("peak_phase", ""),
+                feasible=is_feasible(t),
+                error=a.get("error", ""),
+            )
+        )
+    return rows
+
+
+def _as_dict(value: Any) -> dict[str, Any] | None:
+    return None if value is None else dict(value)
+
+
+def study_report(storage_url: str | None, study_name: str | None) -> StudyReport:
+    """Read a study into a `StudyReport`.
+
+    Raises:
+        StorageError: the storage cannot be used.
+        StudyNotFoundError: no such study.
+    """
+    store = storage_mod.open_storage(storage_url, create=False)
+    name = resolve_study_name(store, study_name)
+    study = optuna.load_study(study_name=name, storage=store.optuna_storage)
+    search = study.user_attrs.get("search", {})
+    metric = search.get("mem_metric", "device")
+    rows = _rows(study.get_trials(deepcopy=False), metric)
+    feasible = [r for r in rows if r.feasible]
+    best = min(feasible, key=lambda r: r.step_time_ms or math.inf) if feasible else None
+    ok_rows = [r for r in rows if r.outcome == "ok"]
+    # Recompute cannot go below a peak set in the optimizer step: say so when that is where
+    # the lowest-memory configurations sit.
+    lowest = min(ok_rows, key=lambda r: r.peak_bytes or 0) if ok_rows else None
+    advice = phase_advice(lowest.peak_phase) if lowest else ""
+    return StudyReport(
+        study_name=name,
+        workload=search.get("workload", ""),
+        limit_bytes=int(search.get("max_mem_bytes", 0)),
+        mem_metric=metric,
+        rows=tuple(rows),
+        best=best,
+        pareto=tuple(pareto_front(rows)),
+        pin=_as_dict(store.latest_pin(name)),
+        advice=advice,
+    )

@@ -1,0 +1,89 @@
+"""Reading budgettune's measurements back from Optuna trials (their user attrs).
+
+The search writes every measurement into its trial's user attrs (`search.result_attrs`); the
+search, `show` and the dashboard read them back through these functions, so "feasible", "the
+unconstrained baseline" and "the peak on the study's metric" mean one thing everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import optuna
+
+from budgettune.pinning import Candidate
+from budgettune.spec import TrialSpec
+
+BASELINE_ATTR = "baseline"
+"""User attr naming an enqueued baseline (``unconstrained``, ``block-ac-every-1``, ...)."""
+UNCONSTRAINED = "unconstrained"
+"""The baseline every slowdown and numerics check refers to (budget 1.0, optimizer as written)."""
+
+
+def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """Complete, measured ``ok`` and at or under the limit (Optuna constraint ≤ 0)."""
+    return (
+        trial.state == optuna.trial.TrialState.COMPLETE
+        and trial.user_attrs.get("outcome") == "ok"
+        and trial.user_attrs.get("constraint", [math.inf])[0] <= 0
+    )
+
+
+def metric_peak(attrs: Mapping[str, Any], mem_metric: str) -> int:
+    """The peak on ``mem_metric`` (device, reserved or allocated) of a measured trial."""
+    return int(attrs[f"peak_{mem_metric}_bytes"])
+
+
+def unconstrained_baseline(
+    trials: Iterable[optuna.trial.FrozenTrial], *, measured: str = "step_time_ms"
+) -> dict[str, Any] | None:
+    """User attrs of the unconstrained baseline, once it has ``measured`` (else None)."""
+    for trial in trials:
+        if trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED and measured in trial.user_attrs:
+            return dict(trial.user_attrs)
+    return None
+
+
+def best_feasible_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
+    """Fastest median step time among feasible trials."""
+    times = [t.user_attrs["step_time_ms"] for t in trials if is_feasible(t)]
+    return min(times) if times else None
+
+
+def feasible_candidates(
+    trials: Iterable[optuna.trial.FrozenTrial], mem_metric: str
+) -> list[Candidate]:
+    """Distinct feasible configurations, each from its fastest trial, fastest first."""
+    seen: dict[str, Candidate] = {}
+    for trial in trials:
+        if not is_feasible(trial):
+            continue
+        attrs = trial.user_attrs
+        spec = TrialSpec.from_json_dict(attrs["spec"])
+        key = repr(sorted(spec.to_json_dict().items()))
+        if key not in seen or attrs["step_time_ms"] < seen[key].step_time_ms:
+            seen[key] = Candidate(
+                trial_number=trial.number,
+                spec=spec,
+                step_time_ms=attrs["step_time_ms"],
+                peak_bytes=metric_peak(attrs, mem_metric),
+            )
+    return sorted(seen.values(), key=lambda c: c.step_time_ms)
+
+
+def smallest_peak(
+    trials: Iterable[optuna.trial.FrozenTrial], mem_metric: str
+) -> tuple[int, TrialSpec, str | None] | None:
+    """The lowest measured peak, its configuration and the phase that set it."""
+    measured = [t for t in trials if f"peak_{mem_metric}_bytes" in t.user_attrs]
+    if not measured:
+        return None
+    best = min(measured, key=lambda t: metric_peak(t.user_attrs, mem_metric))
+    attrs = best.user_attrs
+    return (
+        metric_peak(attrs, mem_metric),
+        TrialSpec.from_json_dict(attrs["spec"]),
+        attrs.get("peak_phase"),
+    )

@@ -1,0 +1,57 @@
+"""Byte sizes in and out. Parsed once at the edge with `pydantic.ByteSize`."""
+
+from __future__ import annotations
+
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+from budgettune.errors import UsageError
+
+_BYTE_SIZE = TypeAdapter(ByteSize)
+
+
+def parse_bytes(text: str | int, *, what: str = "size") -> int:
+    """Parse a human byte size (``20GB``, ``18.5GiB``, ``900MB``, ``12345``) into bytes.
+
+    Decimal units (GB = 10**9) and binary units (GiB = 2**30) are both accepted, as pydantic does.
+
+    Args:
+        text: the size as typed by the user, or an int of bytes.
+        what: the name of the value, used in the error message.
+
+    Returns:
+        The size in bytes, > 0.
+
+    Raises:
+        UsageError: when the text is not a size or is not positive.
+    """
+    try:
+        value = int(_BYTE_SIZE.validate_python(text))
+    except ValidationError:
+        raise UsageError(
+            f"{what} {text!r} is not a byte size; write it like 20GB, 18.5GiB or 900MB"
+        ) from None
+    if value <= 0:
+        raise UsageError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+def format_bytes(num_bytes: int | float | None) -> str:
+    """Render bytes as both decimal and binary units: ``15.06 GB (14.03 GiB)``."""
+    if num_bytes is None:
+        return "-"
+    value = float(num_bytes)
+    for decimal, binary, scale in (
+        ("GB", "GiB", 3),
+        ("MB", "MiB", 2),
+        ("kB", "KiB", 1),
+    ):
+        if abs(value) >= 1000**scale:
+            return f"{value / 1000**scale:.2f} {decimal} ({value / 1024**scale:.2f} {binary})"
+    return f"{int(value)} B"
+
+
+def format_gb(num_bytes: int | float | None) -> str:
+    """Short decimal-GB rendering for tables: ``15.06``."""
+    if num_bytes is None:
+        return "-"
+    return f"{float(num_bytes) / 1e9:.2f}"

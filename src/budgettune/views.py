@@ -1,0 +1,111 @@
+"""Rich renderables for the CLI: tables and summaries built from results. Builds, never prints."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from budgettune.results import TrialResult
+from budgettune.units import format_bytes
+
+
+def result_table(result: TrialResult, *, title: str = "trial") -> Table:
+    """A readable summary of one trial."""
+    table = Table(title=f"{title}: {result.outcome.value}", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    m = result.measurement
+    if m is not None:
+        table.add_row("peak device", format_bytes(m.peak_device_bytes))
+        table.add_row("peak reserved", format_bytes(m.peak_reserved_bytes))
+        table.add_row("peak allocated", format_bytes(m.peak_allocated_bytes))
+        table.add_row("steady (params+grads+optim)", format_bytes(m.steady_bytes))
+        phases = ", ".join(
+            f"{phase} {format_bytes(value)}" for phase, value in m.phase_peak_bytes.items()
+        )
+        table.add_row("peak set in", f"{m.peak_phase}  ({phases})")
+        table.add_row(
+            "step time",
+            f"{m.step_time_ms:.2f} ms (p10 {m.step_time_p10_ms:.2f}, "
+            f"p90 {m.step_time_p90_ms:.2f})",
+        )
+        table.add_row("compile", f"{m.compile_s:.1f} s")
+        table.add_row("first-step loss", f"{m.loss:.6g} (grad norm {m.grad_norm:.6g})")
+    if result.error:
+        table.add_row("error", result.error)
+    table.add_row("device", f"{result.device_name} (torch {result.torch_version})")
+    table.add_row("log", result.log_path)
+    table.add_row("wall time", f"{result.wall_s:.1f} s")
+    return table
+
+
+def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
+    """The pinned configuration and its figures."""
+    from budgettune.spec import TrialSpec
+
+    table = Table(title=title, show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    measured = pin["measured"]
+    metric = pin["mem_metric"]
+    table.add_row("config", TrialSpec.from_json_dict(pin["spec"]).describe())
+    table.add_row("limit", f"{format_bytes(pin['limit_bytes'])} ({metric})")
+    table.add_row(
+        f"peak {metric}",
+        f"{format_bytes(measured['peak_worst_bytes'])} worst of {measured['runs']} runs "
+        f"(median {format_bytes(measured['peak_median_bytes'])}), set in {measured['peak_phase']}",
+    )
+    table.add_row("step time", f"{measured['step_time_ms']:.2f} ms (median of re-measurements)")
+    baseline = pin.get("baseline")
+    if baseline:
+        table.add_row(
+            "baseline (budget 1.0)",
+            f"{format_bytes(baseline['peak_bytes'])}, {baseline['step_time_ms']:.2f} ms",
+        )
+        table.add_row("slowdown", f"{baseline['slowdown'] * 100:+.1f}%")
+    if pin.get("advice"):
+        table.add_row("note", pin["advice"])
+    table.add_row(
+        "study", f"{pin['study_name']} (trial {pin['trial_number']}, {pin['trials']} trials)"
+    )
+    return table
+
+
+def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
+    """Trials table, best feasible and Pareto front of a study."""
+    from rich.text import Text
+
+    metric = report.mem_metric
+    scale, unit = (1e9, "GB") if report.limit_bytes >= 1e9 else (1e6, "MB")
+
+    def size(value: int | None) -> str:
+        return "-" if value is None else f"{value / scale:.2f}"
+
+    trials = Table(
+        title=f"study {report.study_name}: {report.workload}, limit "
+        f"{format_bytes(report.limit_bytes)} ({metric})",
+        caption=f"peak: {metric} peak in {unit}; vs base: step time against the unconstrained "
+        "baseline; fits: ok and under the limit",
+    )
+    # Narrow figures, and the rest of the width for the configuration (80-column terminals).
+    for column in ("#", "outcome", "fits", f"peak {unit}", "ms", "vs base", "peak in"):
+        trials.add_column(column, no_wrap=True)
+    trials.add_column("config", overflow="fold", ratio=1, min_width=24)
+    for row in report.rows:
+        trials.add_row(
+            str(row.number),
+            row.outcome or row.state.lower(),
+            "yes" if row.feasible else "no",
+            size(row.peak_bytes),
+            f"{row.step_time_ms:.1f}" if row.step_time_ms and row.outcome != "oom" else "-",
+            f"{row.slowdown * 100:+.1f}%" if row.slowdown is not None else "-",
+            {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}.get(row.peak_phase, "-"),
+            Text((f"[{row.baseline}] " if row.baseline else "") + (row.config or row.error)),
+        )
+    pareto = Table(title="Pareto front (peak vs step time)")
+    for column in ("#", f"peak {metric} {unit}", "step ms", "config"):
+        pareto.add_column(column, overflow="fold")
+    for row in report.pareto:
+        pareto.add_row(
+            str(row.number), size(row.peak_bytes), f"{row.step_time_ms:.2f}", Text(row.config)
+        )
+    return [trials, pareto]

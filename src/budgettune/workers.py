@@ -1,0 +1,283 @@
+"""Workers: join a study and run its trials up to the target; one worker per GPU for ``--gpus``.
+
+    run_worker(WorkerJob(study_name="tiny-gpt-cpu-125MB-device", storage_url=url))
+    run_gpu_workers(searcher, [0, 1, 2, 3])     # `budgettune search --gpus 0,1,2,3`
+
+A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
+it), so it needs only the study name and the storage. Each worker runs one trial at a time on
+its device; ``--gpus`` starts one ``budgettune worker --device cuda:N`` process per GPU, so
+no GPU ever runs two trials. What counts toward the target: `budgettune.trial_target`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from budgettune import storage as storage_mod
+from budgettune.errors import (
+    DeviceUnavailableError,
+    StudyNotFoundError,
+    UsageError,
+    WorkerFailedError,
+)
+from budgettune.launcher import check_device_available, cuda_device_count, die_with_parent
+from budgettune.search import (
+    HEARTBEAT_INTERVAL_S,
+    SPEC_ATTR,
+    Searcher,
+    SearchObserver,
+)
+from budgettune.spec import DEVICE_PATTERN, SearchSpec
+from budgettune.storage.coordination import database_errors
+from budgettune.workload import check_reference
+
+logger = logging.getLogger(__name__)
+
+STORAGE_ENV = "BUDGETTUNE_STORAGE"
+"""Environment variable `budgettune worker` reads the storage URL from (keeps passwords off
+the process list)."""
+PROGRESS_POLL_S = 2.0
+STOP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerJob:
+    """What one `budgettune worker` is asked to do."""
+
+    study_name: str
+    """The study to join; it must exist."""
+    storage_url: str | None = None
+    """SQLAlchemy URL or SQLite path; None is ``./budgettune.db``."""
+    device: str | None = None
+    """``cpu`` or ``cuda:N``; None: the device the study's search was made for."""
+    max_trials: int | None = None
+    """Run at most this many trials; None: until the study's target is met."""
+    runs_dir: str | None = None
+    """Where trial logs and compile caches go; None: the study's (relative to the cwd)."""
+    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
+    """Optuna trial heartbeat; a trial silent for twice this is failed and retried once."""
+
+    def __post_init__(self) -> None:
+        if not self.study_name.strip():
+            raise UsageError("--study must not be empty")
+        if self.device is not None and not DEVICE_PATTERN.match(self.device):
+            raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.max_trials is not None and self.max_trials < 1:
+            raise UsageError(f"--trials must be at least 1, got {self.max_trials}")
+        if self.heartbeat_interval_s < 1:
+            raise UsageError(f"--heartbeat-s must be at least 1, got {self.heartbeat_interval_s}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerOutcome:
+    """What a worker did."""
+
+    study_name: str
+    """The study."""
+    storage_url: str
+    """Where it is stored (password masked)."""
+    device: str
+    """The device its trials ran on."""
+    trials_run: int
+    """Trials this worker ran."""
+    finished: int
+    """Counted trials of the study finished when it stopped."""
+    target: int
+    """The study's target."""
+
+
+def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> WorkerOutcome:
+    """Join ``job.study_name`` and run trials until its target is met.
+
+    Args:
+        job: the study, storage, device and limits.
+        observer: receives progress (the CLI's progress bar).
+
+    Returns:
+        The `WorkerOutcome`.
+
+    Raises:
+        StudyNotFoundError: no such study (the message lists those that exist).
+        UsageError: a device that is not here, a study made without a stored spec, a limit
+            under the steady memory.
+        StorageError: unreachable, schema ahead or behind, or lost mid-run (finished trials
+            stay stored).
+    """
+    if job.device is not None:
+        check_device_available(job.device)
+    store = storage_mod.open_storage(
+        job.storage_url, create=False, heartbeat_interval_s=job.heartbeat_interval_s
+    )
+    with database_errors(store.url):
+        names = store.study_names()
+        if job.study_name not in names:
+            raise StudyNotFoundError(
+                f"no study {job.study_name!r} in {store.display_url}; studies: "
+                f"{', '.join(names) if names else 'none'}; create it with `budgettune search "
+                f"--study {job.study_name} --storage URL ...`"
+            )
+        attrs = optuna.load_study(
+            study_name=job.study_name, storage=store.optuna_storage
+        ).user_attrs
+    stored = attrs.get(SPEC_ATTR)
+    if stored is None:
+        raise UsageError(
+            f"study {job.study_name!r} holds no search spec for workers (made by an older "
+            f"budgettune); run `budgettune search --study {job.study_name} ...` once to add it"
+        )
+    overrides: dict[str, object] = {
+        "storage_url": store.url,
+        "num_trials": job.max_trials or 1,
+    }
+    if job.device is not None:
+        overrides["device"] = job.device
+    if job.runs_dir is not None:
+        overrides["runs_dir"] = job.runs_dir
+    search = SearchSpec.from_json_dict(stored, **overrides)
+    check_reference(search.workload)
+    check_device_available(search.device)
+    searcher = Searcher(search, store, observer, add_trials=False)
+    with database_errors(store.url):
+        start = searcher.count()
+    searcher.observer.started(job.study_name, max(start.target - start.finished, 0))
+    searcher.run_trials(max_trials=job.max_trials)
+    with database_errors(store.url):
+        end = searcher.count()
+    return WorkerOutcome(
+        study_name=job.study_name,
+        storage_url=store.display_url,
+        device=search.device,
+        trials_run=searcher.done,
+        finished=end.finished,
+        target=end.target,
+    )
+
+
+def check_gpus(gpus: Sequence[int]) -> None:
+    """Fail early when ``--gpus`` names a GPU twice or one this machine does not have.
+
+    Raises:
+        UsageError: a repeated or negative index.
+        DeviceUnavailableError: no GPU at all, or an index past the last one.
+    """
+    shown = ",".join(str(g) for g in gpus)
+    if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+        raise UsageError(f"--gpus {shown}: list each GPU index once (one worker per GPU)")
+    if cuda_device_count() == 0:
+        raise DeviceUnavailableError(
+            f"--gpus {shown}: no CUDA GPU on this machine (NVML sees none); run without "
+            "--gpus, or start `budgettune worker --device cpu` processes"
+        )
+    for gpu in gpus:
+        check_device_available(f"cuda:{gpu}")
+
+
+def worker_command(*, study_name: str, gpu: int, runs_dir: str | Path) -> list[str]:
+    """The command of the worker process for one GPU (the storage URL goes in `STORAGE_ENV`).
+
+    ``--device cuda:N`` makes the launcher pin each trial to that GPU alone
+    (``CUDA_VISIBLE_DEVICES``); the worker runs one trial at a time.
+    """
+    return [
+        sys.executable, "-m", "budgettune.cli", "worker",
+        "--study", study_name,
+        "--device", f"cuda:{gpu}",
+        "--runs-dir", str(runs_dir),
+    ]  # fmt: skip
+
+
+def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
+    """Run one worker process per GPU until the study's target is met; wait for all.
+
+    Their output goes to ``<runs_dir>/<study>/workers/cuda<N>.log``.
+
+    Returns:
+        Trials finished while they ran.
+
+    Raises:
+        WorkerFailedError: workers exited with an error before the target was met.
+        KeyboardInterrupt: after each worker was interrupted (its trial marked failed).
+    """
+    url = searcher.store.url
+    with database_errors(url):
+        start = searcher.count()
+    log_dir = searcher.runs_dir / "workers"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, STORAGE_ENV: url}
+    workers: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+    try:
+        for gpu in gpus:
+            log_path = log_dir / f"cuda{gpu}.log"
+            with open(log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    worker_command(
+                        study_name=searcher.search.study_name,
+                        gpu=gpu,
+                        runs_dir=Path(searcher.search.runs_dir).resolve(),
+                    ),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                )
+            workers.append((gpu, process, log_path))
+        while any(process.poll() is None for _, process, _ in workers):
+            time.sleep(PROGRESS_POLL_S)
+            with database_errors(url):
+                now = searcher.count()
+                searcher.observer.trials_finished(
+                    now.finished - start.finished, searcher.best_feasible_ms()
+                )
+    except BaseException:
+        _stop(workers)
+        raise
+    with database_errors(url):
+        end = searcher.count()
+    searcher.observer.trials_finished(end.finished - start.finished, searcher.best_feasible_ms())
+    failed = [
+        (gpu, process.returncode, log) for gpu, process, log in workers if process.returncode
+    ]
+    if failed and end.finished < end.target:
+        gpu, code, log = failed[0]
+        raise WorkerFailedError(
+            f"worker on cuda:{gpu} exited with code {code}: {_last_line(log)} (log: {log}); "
+            f"{end.finished}/{end.target} trials finished and kept; fix it and run "
+            "the search again"
+        )
+    for gpu, code, log in failed:
+        logger.warning("worker on cuda:%d exited with code %d (log: %s)", gpu, code, log)
+    return end.finished - start.finished
+
+
+def _stop(workers: list[tuple[int, subprocess.Popen[bytes], Path]]) -> None:
+    """Interrupt every worker (each marks its running trial failed), then wait, then kill."""
+    for _, process, _ in workers:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for _, process, _ in workers:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "(no log)"
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else "(empty log)"

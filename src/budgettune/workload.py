@@ -1,0 +1,406 @@
+"""The `Workload` contract users write, loading it from a reference, and its fingerprint.
+
+A workload reference is ``builtin:NAME``, ``path/to/file.py:fn`` or ``pkg.module:fn``; ``fn`` is
+called as ``fn(device, **options)`` and returns a `Workload`. This module does not import torch at
+module level: the parent process (CLI, search) imports it too, and must never initialise CUDA.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
+
+from budgettune.errors import SpecError, WorkloadError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """One training step to tune: a model, a batch, a loss and an optimizer factory."""
+
+    model: nn.Module
+    """The model, already on the target device."""
+    batch: Any
+    """Any pytree of tensors on the device, passed unchanged to ``loss``."""
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    """``loss(model, batch) -> scalar tensor``. budgettune passes the (compiled) model."""
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
+    """``optimizer(params) -> Optimizer``; AdamW(lr=1e-4) when omitted."""
+    blocks: Sequence[nn.Module] | None = None
+    """The repeated blocks for block AC (e.g. ``model.layers``); discovered when omitted."""
+    autocast_dtype: torch.dtype | None = None
+    """Run forward and loss under `torch.autocast` with this dtype when set."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuiltinWorkload:
+    """An entry of the built-in workload table (`budgettune workloads`)."""
+
+    name: str
+    """The name after ``builtin:``."""
+    target: str
+    """``pkg.module:fn`` of its builder."""
+    description: str
+    """One line for the listing."""
+    default_device: str
+    """``cpu`` or ``cuda``: where it is meant to run."""
+
+
+BUILTINS: tuple[BuiltinWorkload, ...] = (
+    BuiltinWorkload(
+        name="tiny-gpt",
+        target="budgettune.workloads.tiny_gpt:build",
+        description="4-layer GPT, d_model 256, B=4 T=192, fp32: ~0.3 s/step, ~140 MB on CPU",
+        default_device="cpu",
+    ),
+    BuiltinWorkload(
+        name="llama",
+        target="budgettune.workloads.llama:build",
+        description=(
+            "Llama-3.2-1B shape (GQA, bf16, untied head: 1.50B params), B=4 T=1024: "
+            "the GPU reference"
+        ),
+        default_device="cuda",
+    ),
+    BuiltinWorkload(
+        name="vit",
+        target="budgettune.workloads.vit:build",
+        description="ViT-B/16 shape (86M params, bf16), 224px images, B=64",
+        default_device="cuda",
+    ),
+)
+"""The built-in workloads, referenced as ``builtin:NAME``."""
+
+_ACCEPTED_FORMS = "builtin:NAME, path/to/file.py:fn or pkg.module:fn"
+_MODULE_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_log = logging.getLogger(__name__)
+
+
+def builtin_workload(name: str) -> BuiltinWorkload:
+    """The built-in workload called ``name``.
+
+    Raises:
+        WorkloadError: when there is no such built-in; the message lists the known names.
+    """
+    for entry in BUILTINS:
+        if entry.name == name:
+            return entry
+    known = ", ".join(entry.name for entry in BUILTINS)
+    raise WorkloadError(f"unknown built-in workload {name!r}; known: {known}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Reference:
+    """A parsed workload reference."""
+
+    kind: str
+    """``builtin``, ``file`` or ``module``."""
+    location: str
+    """The builtin name, the file path or the dotted module name."""
+    function: str
+    """The builder's name (``build`` for builtins)."""
+
+
+def _parse(ref: str) -> _Reference:
+    head, sep, function = ref.strip().rpartition(":")
+    if not sep or not head or not function.isidentifier():
+        raise WorkloadError(f"workload reference {ref!r} is malformed; write {_ACCEPTED_FORMS}")
+    if head.endswith(".py") or "/" in head or os.sep in head:
+        return _Reference(kind="file", location=head, function=function)
+    if _MODULE_PATTERN.match(head):
+        return _Reference(kind="module", location=head, function=function)
+    raise WorkloadError(f"workload reference {ref!r} is malformed; write {_ACCEPTED_FORMS}")
+
+
+def _parse_builtin(ref: str) -> _Reference:
+    # `builtin:tiny-gpt` has a name that is not an identifier, so it is split before `_parse`.
+    name = ref.strip().removeprefix("builtin:")
+    builtin_workload(name)
+    return _Reference(kind="builtin", location=name, function="build")
+
+
+def _reference(ref: str) -> _Reference:
+    if ref.strip().startswith("builtin:"):
+        return _parse_builtin(ref)
+    return _parse(ref)
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                return True
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return True
+        elif isinstance(node, ast.AnnAssign):
+            if isinstance(node.target, ast.Name) and node.target.id == name:
+                return True
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
+                return True
+    return False
+
+
+def check_reference(ref: str) -> None:
+    """Check a workload reference in the parent, without importing user code or torch.
+
+    ``builtin:NAME`` must name a built-in; for ``path/to/file.py:fn`` the file must exist and
+    define ``fn`` at top level (read with `ast`); for ``pkg.module:fn`` the module must be
+    findable (`importlib.util.find_spec`, which does not import it).
+
+    Raises:
+        WorkloadError: with one line saying what is wrong and the accepted forms.
+    """
+    parsed = _reference(ref)
+    if parsed.kind == "file":
+        path = Path(parsed.location)
+        if not path.is_file():
+            raise WorkloadError(f"workload file {parsed.location} not found (reference {ref!r})")
+        try:
+            tree = ast.parse(path.read_text(), filename=str(path))
+        except (SyntaxError, ValueError, UnicodeDecodeError) as exc:
+            raise WorkloadError(f"workload file {parsed.location} does not parse: {exc}") from None
+        if not _defines(tree, parsed.function):
+            raise WorkloadError(
+                f"workload file {parsed.location} defines no top-level {parsed.function!r}"
+            )
+    elif parsed.kind == "module":
+        try:
+            found = importlib.util.find_spec(parsed.location)
+        except (ImportError, ValueError):
+            # find_spec imports parent packages; a missing parent raises instead of returning None
+            found = None
+        if found is None:
+            raise WorkloadError(
+                f"workload module {parsed.location} not found (reference {ref!r}); "
+                "is its package installed in this environment?"
+            )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _import_file(path: Path) -> ModuleType:
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
+    # A private name, so a user's `train.py` or `types.py` never shadows a real module.
+    stem = re.sub(r"\W", "_", resolved.stem)
+    name = f"_budgettune_workload_{stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise WorkloadError(f"workload file {path} cannot be loaded as Python")
+    module = importlib.util.module_from_spec(spec)
+    # As `python train.py` would: the file's folder is importable, so it can import its siblings.
+    if str(resolved.parent) not in sys.path:
+        sys.path.insert(0, str(resolved.parent))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _resolve(ref: str, parsed: _Reference) -> Callable[..., Any]:
+    if parsed.kind == "builtin":
+        module_name, _, function = builtin_workload(parsed.location).target.partition(":")
+        return cast(Callable[..., Any], getattr(importlib.import_module(module_name), function))
+    if parsed.kind == "file":
+        check_reference(ref)
+    try:
+        if parsed.kind == "file":
+            module = _import_file(Path(parsed.location))
+        else:
+            module = importlib.import_module(parsed.location)
+    except WorkloadError:
+        raise
+    except Exception as exc:
+        _log.error("importing workload %s failed", ref, exc_info=exc)
+        raise WorkloadError(
+            f"importing workload {ref} raised {_one_line(exc)} (full traceback in the trial log)"
+        ) from exc
+    fn = getattr(module, parsed.function, None)
+    if not callable(fn):
+        raise WorkloadError(
+            f"workload {ref}: {parsed.location} has no function {parsed.function!r}"
+        )
+    return cast(Callable[..., Any], fn)
+
+
+def _check_options(ref: str, fn: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    accepted = [
+        p.name
+        for p in parameters[1:]
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise WorkloadError(
+            f"workload {ref} has no option(s) {', '.join(unknown)}; "
+            f"accepted: {', '.join(accepted) or 'none'}"
+        )
+
+
+def load_workload(
+    ref: str, device: torch.device, options: Mapping[str, Any] | None = None
+) -> Workload:
+    """Resolve a workload reference and build it: ``fn(device, **options)``.
+
+    Runs in the child. A file reference is imported from its path (its folder need not be a
+    package, and is put on `sys.path` so the file can import its siblings). When the builder
+    leaves ``blocks`` unset, they are found with `find_blocks`.
+
+    Args:
+        ref: ``builtin:NAME``, ``path/to/file.py:fn`` or ``pkg.module:fn``.
+        device: the device to build on, passed to the builder.
+        options: keyword arguments for the builder (e.g. ``{"batch_size": 8}``).
+
+    Returns:
+        The workload, with ``blocks`` filled in.
+
+    Raises:
+        WorkloadError: one line for the terminal when the reference does not resolve, an option
+            is unknown, the import or the builder raised (the full traceback is logged), or the
+            builder returned something other than a `Workload`.
+    """
+    options = dict(options or {})
+    parsed = _reference(ref)
+    fn = _resolve(ref, parsed)
+    _check_options(ref, fn, options)
+    try:
+        workload = fn(device, **options)
+    except Exception as exc:
+        _log.error("workload %s raised", ref, exc_info=exc)
+        raise WorkloadError(
+            f"workload {ref} raised {_one_line(exc)} (full traceback in the trial log)"
+        ) from exc
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"workload {ref} returned {type(workload).__name__}, not a budgettune.Workload"
+        )
+    if workload.blocks is None:
+        workload = dataclasses.replace(workload, blocks=find_blocks(workload.model))
+    return workload
+
+
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a model: its longest `nn.ModuleList` whose children share a class.
+
+    Every submodule is searched; on a tie the first in `named_modules` order wins.
+
+    Returns:
+        The blocks, or an empty list when the model has no such list.
+    """
+    from torch import nn
+
+    best: list[nn.Module] = []
+    for module in model.modules():
+        if not isinstance(module, nn.ModuleList) or len(module) <= len(best):
+            continue
+        children = list(module)
+        if len({type(child) for child in children}) == 1:
+            best = children
+    return best
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadFingerprint:
+    """What identifies a workload for a pinned config: its parameters and its batch shapes."""
+
+    param_count: int
+    """Number of parameter elements (shared parameters counted once)."""
+    param_bytes: int
+    """Bytes of the parameters."""
+    batch: tuple[str, ...]
+    """``dtype[shape]`` (``int64[4, 192]``) of each tensor leaf of the batch, in pytree order."""
+    digest: str
+    """16 hex digits of a sha256 over the count, each parameter's shape and dtype, and batch."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch", tuple(self.batch))
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "param_count": self.param_count,
+            "param_bytes": self.param_bytes,
+            "batch": list(self.batch),
+            "digest": self.digest,
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> WorkloadFingerprint:
+        """Build from the JSON form.
+
+        Raises:
+            SpecError: on missing or unknown keys.
+        """
+        known = {"param_count", "param_bytes", "batch", "digest"}
+        if set(data) != known:
+            raise SpecError(
+                f"a workload fingerprint has keys {', '.join(sorted(known))}; "
+                f"got {', '.join(sorted(data))}"
+            )
+        return cls(
+            param_count=int(data["param_count"]),
+            param_bytes=int(data["param_bytes"]),
+            batch=tuple(str(item) for item in data["batch"]),
+            digest=str(data["digest"]),
+        )
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+
+
+def fingerprint(workload: Workload) -> WorkloadFingerprint:
+    """The fingerprint of a built workload (works on the meta device too)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    params = list(workload.model.parameters())
+    batch = tuple(
+        _describe(leaf)
+        for leaf in pytree.tree_leaves(workload.batch)
+        if isinstance(leaf, torch.Tensor)
+    )
+    param_count = sum(p.numel() for p in params)
+    hasher = hashlib.sha256(str(param_count).encode())
+    for param in params:
+        hasher.update(_describe(param).encode())
+    for item in batch:
+        hasher.update(item.encode())
+    return WorkloadFingerprint(
+        param_count=param_count,
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        batch=batch,
+        digest=hasher.hexdigest()[:16],
+    )

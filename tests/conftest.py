@@ -1,0 +1,53 @@
+"""Shared pytest configuration."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+PG_SERVER = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=5"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty database on the real PostgreSQL server at 127.0.0.1:5432, dropped after."""
+    import psycopg
+
+    name = f"bt_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_SERVER, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_SERVER, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --------------------------------------------------------------------------- gpu marker
+# `gpu` tests are deselected unless `--gpu` is given; with `--gpu` and no CUDA they fail
+# (never skip), so a GPU run cannot pass silently on a machine without one.
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--gpu", action="store_true", help="run the tests marked gpu (need CUDA)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--gpu"):
+        return
+    selected = [item for item in items if item.get_closest_marker("gpu") is None]
+    deselected = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.fail("this test is marked gpu and needs CUDA, but torch sees no CUDA device")

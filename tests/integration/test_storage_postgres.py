@@ -1,0 +1,102 @@
+"""The storage on the real PostgreSQL server at 127.0.0.1:5432 (one fresh database per test)."""
+
+from __future__ import annotations
+
+import optuna
+import psycopg
+import pytest
+
+from budgettune.errors import SchemaAheadError, SchemaBehindError
+from budgettune.results import Measurement, TrialOutcome, TrialResult
+from budgettune.spec import TrialSpec
+from budgettune.storage import (
+    HEAD_REVISION,
+    VERSION_TABLE,
+    current_revision,
+    open_storage,
+    study_names,
+    upgrade,
+)
+
+pytestmark = pytest.mark.postgres
+
+
+def _result() -> TrialResult:
+    return TrialResult(
+        outcome=TrialOutcome.OK,
+        measurement=Measurement(
+            peak_allocated_bytes=15_060_000_000,
+            peak_reserved_bytes=15_500_000_000,
+            peak_device_bytes=16_000_000_000,
+            steady_bytes=9_000_000_000,
+            phase_peak_bytes={"forward": 1, "backward": 2, "optimizer": 3},
+            peak_phase="optimizer",
+            step_time_ms=73.5,
+            step_time_p10_ms=73.0,
+            step_time_p90_ms=74.0,
+            compile_s=30.0,
+            loss=float("nan"),
+            grad_norm=2.0,
+        ),
+        device_name="NVIDIA H200",
+        torch_version="2.11.0",
+        cuda_version="12.8",
+        log_path="/runs/t.log",
+        wall_s=50.0,
+    )
+
+
+def test_empty_database_is_created_at_head_and_round_trips(pg_url: str) -> None:
+    assert current_revision(pg_url) is None
+    spec = TrialSpec(activation_memory_budget=0.7, optimizer_impl="fused")
+    with open_storage(pg_url) as storage:
+        optuna.create_study(study_name="team", storage=storage.optuna_storage)
+        fingerprint = {"param_count": 5, "param_bytes": 20, "batch": ["f32[1]"], "digest": "d"}
+        storage.record_workload(ref="builtin:llama", options={}, fingerprint=fingerprint)
+        storage.record_workload(ref="builtin:llama", options={}, fingerprint=fingerprint)
+        storage.record_measurement(
+            study_name="team",
+            trial_number=0,
+            kind="trial",
+            workload_digest="d",
+            spec=spec,
+            result=_result(),
+        )
+        storage.record_pin(
+            study_name="team",
+            pin={"schema_version": 1},
+            peak_bytes=1,
+            step_time_ms=2.0,
+            slowdown=1.05,
+            limit_bytes=3,
+            mem_metric="device",
+        )
+    assert current_revision(pg_url) == HEAD_REVISION
+    assert study_names(pg_url) == ["team"]
+    with open_storage(pg_url, create=False) as reader:
+        [stored] = reader.measurements("team")
+        assert stored.spec == spec
+        back = stored.to_result()
+        assert back.measurement is not None
+        assert back.measurement.peak_phase == "optimizer"
+        assert back.measurement.phase_peak_bytes == {"forward": 1, "backward": 2, "optimizer": 3}
+        assert back.workload_fingerprint == fingerprint
+        assert reader.latest_pin("team") == {"schema_version": 1}
+    assert upgrade(pg_url) == (HEAD_REVISION, HEAD_REVISION)
+
+
+def test_migration_from_empty_and_from_revision_0001(pg_url: str) -> None:
+    assert upgrade(pg_url) == (None, HEAD_REVISION)
+    with psycopg.connect(pg_url) as connection:
+        connection.execute("DROP TABLE bt_pins")
+        connection.execute("ALTER TABLE bt_measurements DROP COLUMN phase_peaks_json")
+        connection.execute("ALTER TABLE bt_measurements DROP COLUMN cuda_version")
+        connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0001'")
+    with pytest.raises(SchemaBehindError, match="budgettune db upgrade"):
+        open_storage(pg_url)
+    assert upgrade(pg_url) == ("0001", HEAD_REVISION)
+    open_storage(pg_url).close()
+    with psycopg.connect(pg_url) as connection:
+        connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = 'ffff9999'")
+    with pytest.raises(SchemaAheadError, match="newer budgettune"):
+        open_storage(pg_url)

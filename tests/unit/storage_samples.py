@@ -1,0 +1,58 @@
+"""Real `TrialResult`s and fingerprints shared by the storage tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from budgettune.results import Measurement, TrialOutcome, TrialResult
+from budgettune.spec import TrialSpec
+
+FINGERPRINT: dict[str, Any] = {
+    "param_count": 1_234_567,
+    "param_bytes": 4_938_268,
+    "batch": ["int64[4, 128]", "int64[4, 128]"],
+    "digest": "sha256:0f1e2d",
+}
+SPEC = TrialSpec(
+    activation_memory_budget=0.3,
+    recompute_ops_added=("aten.mm",),
+    compile_backend="aot_eager_decomp_partition",
+    optimizer_impl="fused",
+)
+
+
+def ok_result(*, loss: float = 2.5) -> TrialResult:
+    return TrialResult(
+        outcome=TrialOutcome.OK,
+        measurement=Measurement(
+            peak_allocated_bytes=13_110_000_000,
+            peak_reserved_bytes=13_500_000_000,
+            peak_device_bytes=14_050_000_000,
+            steady_bytes=9_000_000_000,
+            phase_peak_bytes={"forward": 11_000, "backward": 13_110, "optimizer": 12_000},
+            peak_phase="backward",
+            step_time_ms=62.9,
+            step_time_p10_ms=62.1,
+            step_time_p90_ms=64.0,
+            compile_s=25.5,
+            loss=loss,
+            grad_norm=1.75,
+        ),
+        device_name="NVIDIA H200",
+        torch_version="2.11.0",
+        cuda_version="12.8",
+        log_path="/runs/trial-3.log",
+        wall_s=41.0,
+        workload_fingerprint=FINGERPRINT,
+    )
+
+
+def crashed_result() -> TrialResult:
+    return TrialResult(
+        outcome=TrialOutcome.CRASHED,
+        error="device-side assert triggered",
+        device_name="NVIDIA H200",
+        torch_version="2.11.0",
+        log_path="/runs/trial-4.log",
+        wall_s=3.0,
+    )

@@ -1,0 +1,46 @@
+"""Parent-side helpers of the launcher and CLI that need no child process."""
+
+from __future__ import annotations
+
+import pytest
+
+from budgettune.cli import parse_options
+from budgettune.errors import DeviceUnavailableError, UsageError
+from budgettune.launcher import check_device_available, cuda_device_count, visible_device_env
+
+
+def test_visible_device_env_pins_one_gpu(monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_device_env("cuda:3") == ("cuda", {"CUDA_VISIBLE_DEVICES": "3"})
+    assert visible_device_env("cuda") == ("cuda", {})
+    assert visible_device_env("cpu") == ("cpu", {})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert visible_device_env("cuda:1") == ("cuda", {"CUDA_VISIBLE_DEVICES": "6"})
+    with pytest.raises(DeviceUnavailableError, match="shows only 2"):
+        visible_device_env("cuda:2")
+
+
+def test_cuda_on_a_machine_without_one_is_refused(monkeypatch) -> None:
+    import budgettune.launcher as launcher
+
+    assert isinstance(cuda_device_count(), int)  # the real NVML probe never raises
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(launcher, "cuda_device_count", lambda: 0)
+    with pytest.raises(DeviceUnavailableError, match="no CUDA GPU"):
+        check_device_available("cuda")
+    check_device_available("cpu")
+    monkeypatch.setattr(launcher, "cuda_device_count", lambda: 2)
+    check_device_available("cuda:1")
+    with pytest.raises(DeviceUnavailableError, match=r"cuda:0..cuda:1"):
+        check_device_available("cuda:2")
+
+
+def test_parse_options() -> None:
+    assert parse_options(["batch_size=8", "lr=0.5", "name=x", "flag=true"]) == {
+        "batch_size": 8,
+        "lr": 0.5,
+        "name": "x",
+        "flag": True,
+    }
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        parse_options(["batch_size"])

@@ -1,0 +1,278 @@
+"""Search space, study files, numerics check, pin choice: the search's logic without trials."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from budgettune.errors import StudyFileError, UsageError
+from budgettune.pinning import Candidate, choose_pin, parse_pin, phase_advice
+from budgettune.results import Measurement, TrialOutcome, TrialResult
+from budgettune.search import (
+    baseline_specs,
+    check_numerics,
+    default_study_name,
+    numerics_tolerance,
+)
+from budgettune.search_space import (
+    OP_LIST_MIN_BUDGET,
+    SearchSpace,
+    parse_fixed,
+    spec_params,
+    suggest_spec,
+)
+from budgettune.spec import SearchSpec, TrialSpec
+from budgettune.study_file import build_search_spec, merge, read_study_file
+from budgettune.study_report import TrialRow, pareto_front
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _measurement(peak: int, time_ms: float, *, loss: float = 2.0, grad_norm: float = 1.0):
+    return Measurement(
+        peak_allocated_bytes=peak,
+        peak_reserved_bytes=peak,
+        peak_device_bytes=peak,
+        steady_bytes=10,
+        phase_peak_bytes={"forward": peak, "backward": peak - 1, "optimizer": 11},
+        peak_phase="forward",
+        step_time_ms=time_ms,
+        step_time_p10_ms=time_ms,
+        step_time_p90_ms=time_ms,
+        compile_s=1.0,
+        loss=loss,
+        grad_norm=grad_norm,
+    )
+
+
+def _ok(peak: int, time_ms: float, **kw) -> TrialResult:
+    return TrialResult(outcome=TrialOutcome.OK, measurement=_measurement(peak, time_ms, **kw))
+
+
+def _sample(space: SearchSpace, n: int = 40) -> list[TrialSpec]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    specs = []
+    for _ in range(n):
+        trial = study.ask()
+        specs.append(suggest_spec(trial, space, TrialSpec()))
+        study.tell(trial, 1.0)
+    return specs
+
+
+def test_suggested_specs_stay_in_the_space_and_op_lists_only_near_budget_one() -> None:
+    space = SearchSpace.for_device("cpu", block_ac_every=(0, 2), optimizer_impls=("fused",))
+    specs = _sample(space, 60)
+    assert {s.block_ac_every for s in specs} == {0, 2}
+    assert {s.optimizer_impl for s in specs} == {"fused"}
+    assert all(0.0 <= s.activation_memory_budget <= 1.0 for s in specs)
+    for s in specs:
+        if s.recompute_ops_removed or s.recompute_ops_added:
+            assert s.activation_memory_budget >= OP_LIST_MIN_BUDGET
+        assert set(s.recompute_ops_removed) <= set(space.removable_ops)
+        assert set(s.recompute_ops_added) <= set(space.addable_ops)
+    assert len({s.activation_memory_budget for s in specs}) > 30  # continuous
+
+
+def test_fixed_dimensions_are_never_suggested() -> None:
+    space = SearchSpace.for_device(
+        "cpu", fixed={"knapsack_solver": "greedy", "activation_memory_budget": 0.4}
+    )
+    specs = _sample(space, 15)
+    assert {s.knapsack_solver for s in specs} == {"greedy"}
+    assert {s.activation_memory_budget for s in specs} == {0.4}
+
+
+def test_enqueued_params_reproduce_the_spec() -> None:
+    space = SearchSpace.for_device("cpu")
+    spec = TrialSpec(
+        activation_memory_budget=0.95,
+        recompute_ops_removed=("aten.add",),
+        recompute_ops_added=("aten.mm",),
+        block_ac_every=2,
+        block_ac_policy="op",
+        optimizer_impl="fused",
+    )
+    study = optuna.create_study()
+    study.enqueue_trial(spec_params(spec, space))
+    trial = study.ask()
+    assert suggest_spec(trial, space, TrialSpec()) == spec
+
+
+def test_search_space_rejects_bad_values() -> None:
+    with pytest.raises(UsageError, match="unknown value"):
+        SearchSpace(compile_modes=("turbo",))
+    with pytest.raises(UsageError, match="budget range"):
+        SearchSpace(budget_low=0.8, budget_high=0.2)
+    with pytest.raises(UsageError, match="unknown dimension"):
+        SearchSpace(fixed={"colour": "red"})
+    with pytest.raises(UsageError):
+        SearchSpace(fixed={"knapsack_solver": "magic"})
+
+
+def test_parse_fixed() -> None:
+    assert parse_fixed(
+        ["knapsack_solver=dp", "block_ac_every=2", "activation_memory_budget=0.7"]
+    ) == {
+        "knapsack_solver": "dp",
+        "block_ac_every": 2,
+        "activation_memory_budget": 0.7,
+    }
+    with pytest.raises(UsageError, match="unknown dimension"):
+        parse_fixed(["speed=fast"])
+    with pytest.raises(UsageError, match="NAME=VALUE"):
+        parse_fixed(["dp"])
+
+
+def test_baselines_are_unconstrained_then_full_ac_then_half_budget() -> None:
+    search = build_search_spec(
+        {"max_mem": "1GB", "fix": {"optimizer_impl": "fused"}}, default_device="cpu"
+    )
+    labels = [
+        (label, s.activation_memory_budget, s.block_ac_every, s.optimizer_impl)
+        for label, s in baseline_specs(search)
+    ]
+    assert labels == [
+        ("unconstrained", 1.0, 0, "fused"),
+        ("block-ac-every-1", 1.0, 1, "fused"),
+        ("budget-0.5", 0.5, 0, "fused"),
+    ]
+
+
+def test_numerics_mismatch_is_flagged_with_dtype_aware_tolerance() -> None:
+    reference = {"loss": 2.0, "grad_norm": 1.0}
+    assert check_numerics(_ok(5, 1.0, loss=2.0001), reference).outcome is TrialOutcome.OK
+    bad = check_numerics(_ok(5, 1.0, grad_norm=1.5), reference)
+    assert bad.outcome is TrialOutcome.NUMERICS_MISMATCH and "grad_norm" in bad.error
+    nan = check_numerics(_ok(5, 1.0, loss=float("nan")), reference)
+    assert nan.outcome is TrialOutcome.NUMERICS_MISMATCH
+    assert numerics_tolerance({"param_count": 10, "param_bytes": 20}) > numerics_tolerance(
+        {"param_count": 10, "param_bytes": 40}
+    )
+    assert check_numerics(_ok(5, 1.0, loss=9.0), None).outcome is TrialOutcome.OK
+
+
+def test_choose_pin_takes_fastest_whose_worst_rerun_fits_with_margin() -> None:
+    fast = Candidate(
+        trial_number=1,
+        spec=TrialSpec(activation_memory_budget=0.9),
+        step_time_ms=10,
+        peak_bytes=95,
+    )
+    slow = Candidate(
+        trial_number=2,
+        spec=TrialSpec(activation_memory_budget=0.2),
+        step_time_ms=14,
+        peak_bytes=70,
+    )
+    reruns = {1: [_ok(95, 10.0), _ok(99, 10.2)], 2: [_ok(70, 14.0), _ok(71, 14.1)]}
+    # fast's worst (99) * 1.03 > 100 → slow wins
+    chosen = choose_pin([fast, slow], reruns, limit_bytes=100, mem_metric="device", margin=0.03)
+    assert chosen is not None and chosen[0] is slow
+    chosen = choose_pin([fast, slow], reruns, limit_bytes=100, mem_metric="device", margin=0.0)
+    assert chosen is not None and chosen[0] is fast
+    reruns[2].append(TrialResult(outcome=TrialOutcome.OOM, error="oom"))
+    assert (
+        choose_pin([fast, slow], reruns, limit_bytes=100, mem_metric="device", margin=0.03) is None
+    )
+
+
+def test_pareto_front() -> None:
+    def row(n, peak, ms):
+        return TrialRow(
+            number=n,
+            state="COMPLETE",
+            outcome="ok",
+            baseline="",
+            config="",
+            peak_bytes=peak,
+            step_time_ms=ms,
+            slowdown=None,
+            peak_phase="",
+            feasible=True,
+            error="",
+        )
+
+    rows = [row(0, 100, 10), row(1, 80, 12), row(2, 90, 13), row(3, 60, 20), row(4, 60, 25)]
+    assert [r.number for r in pareto_front(rows)] == [3, 1, 0]
+
+
+def test_phase_advice_points_at_the_optimizer_knob() -> None:
+    assert "optimizer_impl" in phase_advice("optimizer")
+    assert phase_advice("backward") == ""
+
+
+def test_study_file_unknown_key_and_merge(tmp_path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'workload = "builtin:tiny-gpt"\nmax_mem = "100MB"\n[space]\nmodes = ["default"]\n'
+    )
+    values = read_study_file(path)
+    merged = merge(values, {"max_mem": "90MB", "space": {"modes": None, "ac_every": [0, 1]}})
+    assert merged["max_mem"] == "90MB"
+    assert merged["space"] == {"modes": ["default"], "ac_every": [0, 1]}
+    spec = build_search_spec(merged, default_device="cpu")
+    assert isinstance(spec, SearchSpec) and spec.max_mem_bytes == 90_000_000
+    assert spec.space.block_ac_every == (0, 1)
+    (tmp_path / "bad.toml").write_text('max_mem = "1GB"\nbudgett = 0.5\n')
+    with pytest.raises(StudyFileError, match="unknown key 'budgett'"):
+        read_study_file(tmp_path / "bad.toml")
+    (tmp_path / "bad2.toml").write_text('[space]\nmode = ["default"]\n')
+    with pytest.raises(StudyFileError, match="space.mode"):
+        read_study_file(tmp_path / "bad2.toml")
+    (tmp_path / "broken.toml").write_text("max_mem = \n")
+    with pytest.raises(StudyFileError, match="not a valid TOML"):
+        read_study_file(tmp_path / "broken.toml")
+    with pytest.raises(StudyFileError, match="no such study file"):
+        read_study_file(tmp_path / "missing.toml")
+
+
+def test_shipped_study_files_parse() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "studies"
+    for name, device in (("tiny-gpt-cpu.toml", "cpu"), ("llama-1b.toml", "cuda")):
+        spec = build_search_spec(read_study_file(root / name), default_device="cpu")
+        assert spec.device == device
+
+
+@pytest.mark.parametrize("limit", ["banana", "0", "-3GB"])
+def test_bad_limits_are_usage_errors(limit) -> None:
+    with pytest.raises(UsageError):
+        build_search_spec({"max_mem": limit}, default_device="cpu")
+
+
+def test_missing_limit_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="--max-mem is required"):
+        build_search_spec({}, default_device="cpu")
+
+
+def test_default_study_name_is_stable_and_distinct() -> None:
+    a = default_study_name("builtin:tiny-gpt", {}, "cpu", 120_000_000, "device")
+    assert a == default_study_name("builtin:tiny-gpt", {}, "cpu", 120_000_000, "device")
+    assert a != default_study_name(
+        "builtin:tiny-gpt", {"batch_size": 8}, "cpu", 120_000_000, "device"
+    )
+    assert "train" in default_study_name("src/train.py:build", {}, "cuda:1", 2e10, "device")
+
+
+def test_describe_spec() -> None:
+    text = (
+        TrialSpec(
+            activation_memory_budget=0.5,
+            block_ac_every=2,
+            optimizer_impl="fused",
+            recompute_ops_removed=("aten.add",),
+        )
+    ).describe()
+    assert text == "budget 0.50, -add, AC every 2 (full), optimizer fused"
+
+
+def test_parse_pin_rejects_other_schema_and_bad_spec() -> None:
+    from budgettune.errors import PinnedConfigError
+
+    with pytest.raises(PinnedConfigError, match="schema version 2"):
+        parse_pin({"schema_version": 2, "spec": {}})
+    with pytest.raises(PinnedConfigError, match="invalid pinned spec"):
+        parse_pin({"schema_version": 1, "spec": {"activation_memory_budget": 3}})
+    with pytest.raises(PinnedConfigError, match="JSON object"):
+        parse_pin([1, 2])

@@ -1,0 +1,86 @@
+"""Workers without trials: the per-GPU command, the stored spec, what counts toward a target."""
+
+from __future__ import annotations
+
+import sys
+
+import optuna
+import pytest
+
+from budgettune import workers
+from budgettune.errors import DeviceUnavailableError, UsageError
+from budgettune.search_space import SearchSpace
+from budgettune.spec import SearchSpec, TrialSpec
+from budgettune.trial_target import NextStep, count_trials
+
+State = optuna.trial.TrialState
+
+
+def test_worker_command_pins_one_gpu_and_keeps_the_url_off_the_command_line() -> None:
+    command = workers.worker_command(study_name="s", gpu=3, runs_dir="/runs")
+    assert command == [
+        sys.executable, "-m", "budgettune.cli", "worker",
+        "--study", "s", "--device", "cuda:3", "--runs-dir", "/runs",
+    ]  # fmt: skip
+    assert not any("postgresql" in part or "sqlite" in part for part in command)
+    assert workers.STORAGE_ENV == "BUDGETTUNE_STORAGE"
+
+
+def test_check_gpus_without_a_gpu_and_with_a_repeat(monkeypatch) -> None:
+    monkeypatch.setattr(workers, "cuda_device_count", lambda: 0)
+    with pytest.raises(DeviceUnavailableError, match=r"--gpus 0,1: no CUDA GPU"):
+        workers.check_gpus([0, 1])
+    with pytest.raises(UsageError, match="each GPU index once"):
+        workers.check_gpus([0, 0])
+
+
+def test_search_spec_round_trips_through_json_without_the_storage_url() -> None:
+    spec = SearchSpec(
+        workload="builtin:tiny-gpt",
+        workload_options={"batch_size": 2},
+        max_mem_bytes=125_000_000,
+        num_trials=9,
+        study_name="s",
+        storage_url="postgresql://me:secret@db/tune",
+        space=SearchSpace.for_device(
+            "cpu", block_ac_every=(0, 2), fixed={"knapsack_solver": "dp"}
+        ),
+        base=TrialSpec(warmup_steps=1, timed_steps=1),
+        sampler_seed=7,
+    )
+    data = spec.to_json_dict()
+    assert "storage_url" not in data and "secret" not in repr(data)
+    again = SearchSpec.from_json_dict(data, storage_url="sqlite:///x.db", num_trials=1)
+    assert again == spec.replace(storage_url="sqlite:///x.db", num_trials=1)
+
+
+def _trial(number: int, state: State, **system_attrs: object) -> optuna.trial.FrozenTrial:
+    trial = optuna.trial.create_trial(
+        state=state, value=1.0 if state == State.COMPLETE else None, system_attrs=system_attrs
+    )
+    trial.number = number
+    return trial
+
+
+def test_a_retried_stale_trial_does_not_count_but_its_copy_and_crashes_do() -> None:
+    trials = [
+        _trial(0, State.COMPLETE),
+        _trial(1, State.FAIL),  # went stale, re-queued as 3
+        _trial(2, State.FAIL),  # crashed in the objective: finished, counts
+        _trial(3, State.WAITING, failed_trial=1, retry_history=[1]),
+    ]
+    count = count_trials(trials, target=3)
+    assert (count.counted, count.finished, count.waiting) == (3, 2, 1)
+    assert count.next_step() is NextStep.RUN  # the queued copy must run
+    trials[3] = _trial(3, State.RUNNING, failed_trial=1, retry_history=[1])
+    assert count_trials(trials, target=3).next_step() is NextStep.WAIT
+    trials[3] = _trial(3, State.FAIL, failed_trial=1, retry_history=[1])  # stale again: final
+    assert count_trials(trials, target=3).next_step() is NextStep.STOP
+    assert count_trials(trials, target=4).next_step() is NextStep.RUN
+
+
+def test_queued_baselines_past_the_target_wait_for_the_next_search() -> None:
+    baselines = [_trial(n, State.WAITING) for n in range(3)]
+    assert count_trials(baselines, target=2).next_step() is NextStep.RUN
+    baselines[:2] = [_trial(0, State.COMPLETE), _trial(1, State.COMPLETE)]
+    assert count_trials(baselines, target=2).next_step() is NextStep.STOP
