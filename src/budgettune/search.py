@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import socket
 import time
 import warnings
 from collections.abc import Sequence
@@ -54,6 +55,8 @@ SEARCH_ATTR = "search"
 """Study user attr: what must stay the same when the study is resumed (`study_attrs`)."""
 SPEC_ATTR = "search_spec"
 """Study user attr: the whole `SearchSpec` (JSON, no storage URL), read by workers."""
+WORKER_ATTR = "worker"
+"""Trial user attr: ``host:device`` of the worker that ran it (throughput per worker)."""
 HEARTBEAT_INTERVAL_S = 10
 """Optuna trial heartbeat; a trial silent for twice this is failed and retried once."""
 WAIT_POLL_S = 2.0
@@ -369,6 +372,7 @@ class Searcher:
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
         self.claim.release()
+        trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{self.search.device}")
         spec = self.spec_for(trial)
         result = launch_trial(
             self.search.trial_run(spec),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -135,6 +136,8 @@ def test_workers_reach_the_target_exactly_and_a_killed_workers_trial_is_rerun(
     assert (count.counted, count.finished, count.waiting, count.running) == (target, target, 0, 0)
     killed = trials[killed_number]
     assert killed.state == State.FAIL and "outcome" not in killed.user_attrs
+    # every trial names the worker that ran it, the killed one too (set before its child starts)
+    assert {t.user_attrs.get("worker") for t in trials} == {f"{socket.gethostname()}:cpu"}
     copies = [t for t in trials if t.system_attrs.get("retry_history") == [killed_number]]
     assert len(copies) == 1 and copies[0].state == State.COMPLETE
     assert copies[0].user_attrs.get("baseline") == killed.user_attrs.get("baseline")
