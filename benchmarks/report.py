@@ -1,8 +1,14 @@
-"""Render the benchmark JSON-lines results as a markdown table (never typed by hand).
+"""Render the benchmark JSON-lines results as a markdown table and a figure (never by hand).
 
 python benchmarks/report.py benchmarks/results/llama-h200.jsonl ...      # print the table
 python benchmarks/report.py --readme README.md benchmarks/results/*.jsonl  # rewrite the
     README section between the "results:begin" and "results:end" markers
+python benchmarks/report.py --figure docs/frontier-llama-tied-fp32loss.png --limit limit=18 \
+    --pin "search, 6 trials=benchmarks/results/h200-2026-11-22/llama-pin.json" \
+    --title "builtin:llama as first defined (tied head, fp32 loss), B=4, AdamW as written; \
+NVIDIA H200, torch 2.11.0+cu130, 2026-11-22" benchmarks/results/llama-tied-fp32loss-h200.jsonl
+    # memory x time: grid points by family, their frontier, the limits (--limit NAME=GB),
+    # the pinned points (--pin LABEL=PIN.json); the committed docs/ figure was made so
 """
 
 from __future__ import annotations
@@ -85,6 +91,140 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def family_of(spec: dict[str, Any]) -> str:
+    """The hand-picked family a configuration belongs to, read from its spec."""
+    if spec.get("compile_mode") == "eager":
+        base = "eager + block AC" if spec.get("block_ac_every") else "eager"
+    elif spec.get("block_ac_every"):
+        op = spec.get("block_ac_policy") == "op"
+        base = "compile + op-policy AC" if op else "compile + block AC"
+    elif "aten.add" in spec.get("recompute_ops_removed", ()):
+        base = "nosac (0.99, -add)"
+    else:
+        base = "compile, budget"
+    return base + (", fused AdamW" if spec.get("optimizer_impl") == "fused" else "")
+
+
+def short_tag(spec: dict[str, Any]) -> str:
+    """A point's label on the figure: its budget or AC stride."""
+    every = spec.get("block_ac_every") or 0
+    if every:
+        return f"AC{every}" + ("op" if spec.get("block_ac_policy") == "op" else "")
+    if spec.get("compile_mode") == "eager":
+        return "eager"
+    return f"{spec.get('activation_memory_budget', 1.0):g}"
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (lower is better), by x.
+
+    Ties on both axes keep the first. Used for the measured memory x time frontier.
+    """
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    front: list[int] = []
+    best_y = float("inf")
+    for i in order:
+        if points[i][1] < best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front
+
+
+def figure(
+    records: list[dict[str, Any]],
+    out: Path,
+    *,
+    limits: dict[str, float],
+    pins: dict[str, dict[str, Any]],
+    title: str | None = None,
+) -> list[str]:
+    """Draw peak device GB (x) against median step ms (y) and save it as a PNG.
+
+    Args:
+        records: measured configurations (``reference.py`` records); failures are skipped.
+        out: the PNG to write.
+        limits: name -> limit in GB, drawn as vertical lines.
+        pins: label -> pinned-config JSON (its worst re-measured device peak and step time).
+        title: the figure's title; default: workload, options, device, torch, dates.
+
+    Returns:
+        The labels of the frontier's configurations, lowest memory first.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in records if r["result"].get("measurement")]
+    if not ok:
+        raise SystemExit("no measured configuration to draw")
+    xs = [r["result"]["measurement"]["peak_device_bytes"] / 1e9 for r in ok]
+    ys = [r["result"]["measurement"]["step_time_ms"] for r in ok]
+    fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
+    families = sorted({family_of(r["spec"]) for r in ok})
+    markers = "osD^v<>ph*X"
+    for n, family in enumerate(families):
+        idx = [i for i, r in enumerate(ok) if family_of(r["spec"]) == family]
+        fused = family.endswith("fused AdamW")
+        ax.scatter(
+            [xs[i] for i in idx], [ys[i] for i in idx], label=family, s=46,
+            marker=markers[n % len(markers)], facecolors="none" if not fused else None,
+            edgecolors=f"C{n % 10}", color=f"C{n % 10}", linewidths=1.4, zorder=3,
+        )  # fmt: skip
+        for i in idx:
+            ax.annotate(
+                short_tag(ok[i]["spec"]), (xs[i], ys[i]), textcoords="offset points",
+                xytext=(4, 3), fontsize=7, color="0.3",
+            )  # fmt: skip
+    front = pareto_front(list(zip(xs, ys, strict=True)))
+    ax.step(
+        [xs[i] for i in front], [ys[i] for i in front], where="post", color="0.2",
+        linestyle="--", linewidth=1, label="measured frontier", zorder=2,
+    )  # fmt: skip
+    for n, (name, gb) in enumerate(sorted(limits.items(), key=lambda kv: kv[1])):
+        ax.axvline(gb, color="firebrick", linestyle=":", linewidth=1.2, zorder=1)
+        ax.annotate(
+            f"{name} {gb:.2f} GB", (gb, 1.0), xycoords=("data", "axes fraction"),
+            xytext=(3, -12 - 11 * n), textcoords="offset points", fontsize=8, color="firebrick",
+        )  # fmt: skip
+    for label, pin in pins.items():
+        measured = pin["measured"]
+        x, y = measured["peak_device_worst_bytes"] / 1e9, measured["step_time_ms"]
+        ax.scatter([x], [y], marker="*", s=260, color="gold", edgecolors="black", zorder=4)
+        ax.annotate(
+            f"pin: {label}", (x, y), textcoords="offset points", xytext=(8, -14), fontsize=8,
+            fontweight="bold",
+        )  # fmt: skip
+    if title is None:
+        first = ok[0]
+        dates = sorted(r["date"][:10] for r in ok)
+        options = _options(first["options"])
+        title = (
+            f"{first['workload']} ({options}) on {first['device']}, torch "
+            f"{first['torch_version']}, {dates[0]}"
+        )
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("peak device memory, GB (worst re-measured for pins)")
+    ax.set_ylabel("median step time, ms (lower is better)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return [ok[i]["label"] for i in front]
+
+
+def _named(values: list[str], what: str) -> list[tuple[str, str]]:
+    pairs = []
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name or not rest:
+            raise SystemExit(f"{what} takes NAME=VALUE, got {value!r}")
+        pairs.append((name, rest))
+    return pairs
+
+
 def rewrite_readme(readme: Path, body: str) -> None:
     """Replace the text between the markers (they must exist)."""
     text = readme.read_text()
@@ -99,8 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--readme", type=Path, help="rewrite this README's results section")
+    parser.add_argument("--figure", type=Path, help="draw the memory x time figure to this PNG")
+    parser.add_argument("--limit", action="append", default=[], help="NAME=GB (repeatable)")
+    parser.add_argument("--pin", action="append", default=[], help="LABEL=PIN.json (repeatable)")
+    parser.add_argument("--title", help="figure title (default from the records)")
     args = parser.parse_args(argv)
-    body = table(read_records(args.files))
+    records = read_records(args.files)
+    if args.figure:
+        limits = {name: float(gb) for name, gb in _named(args.limit, "--limit")}
+        pins = {label: json.loads(Path(p).read_text()) for label, p in _named(args.pin, "--pin")}
+        front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
+        sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
+        return 0
+    body = table(records)
     if args.readme:
         rewrite_readme(args.readme, body)
     else:

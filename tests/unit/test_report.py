@@ -75,3 +75,38 @@ def test_committed_readme_table_matches_the_results_files() -> None:
     body = report.table(report.read_records(files))
     readme = (ROOT / "README.md").read_text()
     assert f"{report.BEGIN}\n{body}\n{report.END}" in readme
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    front = _report().pareto_front(
+        [(17.4, 88.9), (17.4, 82.6), (18.4, 79.2), (18.8, 81.6), (19.9, 77.1), (22.1, 93.1)]
+    )
+    assert front == [1, 2, 4]
+
+
+def test_family_of_reads_the_spec() -> None:
+    family_of = _report().family_of
+    assert family_of({"compile_mode": "eager", "block_ac_every": 1}) == "eager + block AC"
+    assert family_of(
+        {"block_ac_every": 1, "block_ac_policy": "op", "optimizer_impl": "fused"}
+    ) == ("compile + op-policy AC, fused AdamW")
+    assert family_of({"recompute_ops_removed": ["aten.add"]}) == "nosac (0.99, -add)"
+    assert family_of({"activation_memory_budget": 0.5}) == "compile, budget"
+
+
+def test_figure_draws_a_png_and_returns_the_frontier(tmp_path: Path) -> None:
+    report = _report()
+    rows = [
+        _record("budget-1.0", 15.0, 10.0),
+        _record("ac", 13.5, 12.5),
+        _record("slow", 14.0, 13.0),
+    ]
+    for row, spec in zip(rows, ({}, {"block_ac_every": 1}, {"activation_memory_budget": 0.5})):
+        row["spec"] = spec
+    rows.append(_record("oom", None))
+    rows[-1]["spec"] = {}
+    pin = {"measured": {"peak_device_worst_bytes": 14.6e9, "step_time_ms": 12.0}}
+    out = tmp_path / "docs" / "f.png"
+    front = report.figure(rows, out, limits={"L1": 15.0}, pins={"tuner": pin})
+    assert front == ["ac", "budget-1.0"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
