@@ -91,6 +91,71 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+TUNER_COLUMNS = (
+    "limit",
+    "GB",
+    "pinned config",
+    "worst peak GB (runs)",
+    "step ms",
+    "vs baseline",
+    "best grid config under the limit",
+    "pin vs grid best",
+    "to within 2% of grid best",
+    "total wall",
+    "trials",
+)
+
+
+def tuner_table(records: list[dict[str, Any]]) -> str:
+    """The tuner's per-limit records (``benchmarks/tuner.py``) as one markdown table."""
+    if not records:
+        return ""
+    devices = sorted({r["device"] for r in records})
+    torches = sorted({r["torch_version"] for r in records})
+    dates = sorted(r["date"][:10] for r in records)
+    out = [
+        f"**Tuner** — {', '.join(devices)}, torch {', '.join(torches)}, {dates[0]}"
+        f"{'' if dates[0] == dates[-1] else ' to ' + dates[-1]}; baseline: compile, budget 1.0, "
+        "optimizer as written, same batch\n",
+        "| " + " | ".join(TUNER_COLUMNS) + " |",
+        "|" + "---|" * len(TUNER_COLUMNS),
+    ]
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value * 100:+.1f}%"
+
+    for r in records:
+        pin, best, within = r["pin"], r["grid_best"], r["within_2pct"]
+        grid_cell = (
+            "none fits"
+            if best is None
+            else f"{best['label']} ({best['peak_device_bytes'] / 1e9:.2f} GB, "
+            f"{best['step_time_ms']:.1f} ms)"
+        )
+        reached = (
+            "not reached"
+            if within is None
+            else f"{within['trials']} trials, {within['wall_s']:.0f} s"
+        )
+        wall = "-" if r["total_wall_s"] is None else f"{r['total_wall_s']:.0f} s"
+        cells = [
+            r["name"],
+            f"{r['limit_bytes'] / 1e9:.2f}",
+            pin["config"],
+            f"{pin['peak_worst_bytes'] / 1e9:.2f} ({pin['runs']})",
+            f"{pin['step_time_ms']:.1f}",
+            pct(r["vs_baseline"]),
+            grid_cell,
+            pct(r["vs_grid_best"]),
+            reached,
+            wall,
+            str(r["trials"]),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return "\n".join(out)
+
+
 def family_of(spec: dict[str, Any]) -> str:
     """The hand-picked family a configuration belongs to, read from its spec."""
     if spec.get("compile_mode") == "eager":
@@ -244,14 +309,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="append", default=[], help="LABEL=PIN.json (repeatable)")
     parser.add_argument("--title", help="figure title (default from the records)")
     args = parser.parse_args(argv)
-    records = read_records(args.files)
+    everything = read_records(args.files)
+    records = [r for r in everything if r.get("kind") != "tuner"]
+    tuned = [r for r in everything if r.get("kind") == "tuner"]
     if args.figure:
         limits = {name: float(gb) for name, gb in _named(args.limit, "--limit")}
         pins = {label: json.loads(Path(p).read_text()) for label, p in _named(args.pin, "--pin")}
         front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
         sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
         return 0
-    body = table(records)
+    body = "\n".join(part for part in (table(records), tuner_table(tuned)) if part)
     if args.readme:
         rewrite_readme(args.readme, body)
     else:

@@ -72,7 +72,8 @@ def test_committed_readme_table_matches_the_results_files() -> None:
         ROOT / "benchmarks" / "results" / "llama-h200.jsonl",
         ROOT / "benchmarks" / "results" / "llama-tied-fp32loss-h200.jsonl",
     ]
-    body = report.table(report.read_records(files))
+    tuned = report.read_records([ROOT / "benchmarks" / "results" / "tuner-h200.jsonl"])
+    body = report.table(report.read_records(files)) + "\n" + report.tuner_table(tuned)
     readme = (ROOT / "README.md").read_text()
     assert f"{report.BEGIN}\n{body}\n{report.END}" in readme
 

@@ -1,0 +1,297 @@
+"""The tuner against the grid: issue 5's limits L1-L4, their searches, one record per limit.
+
+    python benchmarks/tuner.py limits benchmarks/results/llama-h200.jsonl
+        # L1-L4 from the grid's measured peaks (those the grid holds)
+    python benchmarks/tuner.py run L1 --grid benchmarks/results/llama-h200.jsonl \\
+        --storage benchmarks/results/tuner.db --out benchmarks/results/tuner-h200.jsonl
+        # `budgettune search` at L1 (<= 20 trials, 5 re-measurements), then its record
+    python benchmarks/tuner.py record --storage sqlite:///S.db --pin PIN.json \\
+        --name "issue 3" --grid GRID.jsonl --out tuner-h200.jsonl
+        # the record of a search that already ran
+
+A record (one JSON line, device, torch version and date in it) holds the pinned config, its
+worst re-measured peak and median step time, its slowdown against the user's unconstrained
+baseline from the grid (compile, budget 1.0, optimizer as written, same batch), the best grid
+configuration under the same limit, the trials and wall time until a feasible trial came within
+2 % of that grid best (None: never), and the search's total wall time (first trial start to the
+pin). ``report.py`` renders these records as the README's tuner table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from budgettune.spec import TrialSpec
+from budgettune.study_trials import is_feasible
+
+WITHIN = 0.02
+"""A trial is 'as good as the grid' when its step time is within this of the grid's best."""
+BASELINE_LABEL = {4: "budget-1.0", 8: "b8-budget-1.0"}
+"""The user's unconstrained baseline in the grid, per batch size."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One of issue 5's limits and how its search is run."""
+
+    name: str
+    gb: float
+    """The limit, GB (device metric)."""
+    batch: int
+    """Batch size of the workload (``-o batch_size``)."""
+    fixed_optimizer: str | None
+    """``--fix optimizer_impl=...``; also restricts the grid best to that optimizer."""
+    why: str
+
+
+def _device_gb(records: Sequence[dict[str, Any]], label: str) -> float | None:
+    for record in records:
+        m = record["result"].get("measurement")
+        if record["label"] == label and m:
+            return float(m["peak_device_bytes"]) / 1e9
+    return None
+
+
+def limits(records: Sequence[dict[str, Any]]) -> dict[str, Limit]:
+    """L1-L4 from the grid; a limit whose grid point is not measured yet is left out."""
+    out: dict[str, Limit] = {}
+    b05 = _device_gb(records, "budget-0.5")
+    if b05 is not None:
+        out["L1"] = Limit(
+            "L1", b05, 4, None, "device peak of compile at budget 0.5, AdamW as written"
+        )
+    ac1 = _device_gb(records, "fused-ac-every-1")
+    if ac1 is not None:
+        out["L2"] = Limit("L2", 1.02 * ac1, 4, None, "1.02 x device peak of fused AdamW + full AC")
+    out["L3"] = Limit("L3", 16.0, 8, "fused", "16 GB at B=8, fused AdamW")
+    f05 = _device_gb(records, "fused-budget-0.5")
+    if f05 is not None:
+        out["L4"] = Limit(
+            "L4", f05, 4, "fused", "device peak of fused AdamW at budget 0.5, optimizer fixed"
+        )
+    return out
+
+
+def grid_best(
+    records: Sequence[dict[str, Any]],
+    limit_bytes: float,
+    *,
+    metric: str = "device",
+    batch: int = 4,
+    optimizer: str | None = None,
+) -> dict[str, Any] | None:
+    """The fastest measured grid configuration at or under the limit (same batch/optimizer)."""
+    best = None
+    for record in records:
+        m = record["result"].get("measurement")
+        if not m or record["options"].get("batch_size", 4) != batch:
+            continue
+        if optimizer is not None and record["spec"].get("optimizer_impl") != optimizer:
+            continue
+        if m[f"peak_{metric}_bytes"] > limit_bytes:
+            continue
+        if best is None or m["step_time_ms"] < best["result"]["measurement"]["step_time_ms"]:
+            best = record
+    return best
+
+
+def first_within(
+    trials: Sequence[optuna.trial.FrozenTrial], target_ms: float
+) -> tuple[int, float] | None:
+    """(trials finished, wall seconds) when a feasible trial first came within 2 % of target.
+
+    Trials are taken in the order they finished; the wall time runs from the first trial's start.
+    """
+    started = [t.datetime_start for t in trials if t.datetime_start is not None]
+    finished = sorted(
+        (t for t in trials if t.datetime_complete is not None),
+        key=lambda t: t.datetime_complete or datetime.datetime.max,
+    )
+    if not started:
+        return None
+    for count, trial in enumerate(finished, start=1):
+        if is_feasible(trial) and trial.user_attrs["step_time_ms"] <= (1 + WITHIN) * target_ms:
+            assert trial.datetime_complete is not None
+            return count, (trial.datetime_complete - min(started)).total_seconds()
+    return None
+
+
+def record(
+    *,
+    name: str,
+    trials: Sequence[optuna.trial.FrozenTrial],
+    pin: dict[str, Any],
+    grid: Sequence[dict[str, Any]],
+    batch: int = 4,
+    optimizer: str | None = None,
+) -> dict[str, Any]:
+    """The per-limit record of a finished search (see the module docstring)."""
+    limit = float(pin["limit_bytes"])
+    metric = pin["mem_metric"]
+    measured = pin["measured"]
+    best = grid_best(grid, limit, metric=metric, batch=batch, optimizer=optimizer)
+    baseline = next(
+        (
+            r
+            for r in grid
+            if r["label"] == BASELINE_LABEL.get(batch) and r["result"].get("measurement")
+        ),
+        None,
+    )
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    created = datetime.datetime.fromisoformat(pin["created_at"])
+    first = min(starts).replace(tzinfo=datetime.timezone.utc) if starts else None
+    within = first_within(trials, best["result"]["measurement"]["step_time_ms"]) if best else None
+
+    def point(r: dict[str, Any] | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        m = r["result"]["measurement"]
+        return {
+            "label": r["label"],
+            "peak_device_bytes": m["peak_device_bytes"],
+            "step_time_ms": m["step_time_ms"],
+            "peak_phase": m["peak_phase"],
+        }
+
+    pin_ms = float(measured["step_time_ms"])
+    return {
+        "kind": "tuner",
+        "name": name,
+        "limit_bytes": limit,
+        "mem_metric": metric,
+        "batch_size": batch,
+        "fixed_optimizer": optimizer,
+        "study": pin["study_name"],
+        "trials": len(trials),
+        "pin": {
+            "config": TrialSpec.from_json_dict(pin["spec"]).describe(),
+            "spec": pin["spec"],
+            "peak_worst_bytes": measured["peak_worst_bytes"],
+            "peak_phase": measured["peak_phase"],
+            "step_time_ms": pin_ms,
+            "runs": measured["runs"],
+            "advice": pin.get("advice", ""),
+        },
+        "baseline": point(baseline),
+        "vs_baseline": None if baseline is None else pin_ms / point(baseline)["step_time_ms"] - 1,  # type: ignore[index]
+        "grid_best": point(best),
+        "vs_grid_best": None if best is None else pin_ms / point(best)["step_time_ms"] - 1,  # type: ignore[index]
+        "within_2pct": None if within is None else {"trials": within[0], "wall_s": within[1]},
+        "total_wall_s": None if first is None else (created - first).total_seconds(),
+        "device": pin["fingerprint"]["device_name"],
+        "torch_version": pin["fingerprint"]["torch_version"],
+        "date": pin["created_at"],
+    }
+
+
+def read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    rows = []
+    for path in paths:
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def _load_trials(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    return optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+
+
+def _append(out: Path, row: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as handle:
+        handle.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def search_command(
+    limit: Limit, *, storage: str, pin: Path, trials: int, reverify: int
+) -> list[str]:
+    """The `budgettune search` of one limit (study named after it, so a rerun resumes it)."""
+    command = [
+        sys.executable, "-m", "budgettune.cli", "search", "studies/llama-1b.toml",
+        "--max-mem", f"{limit.gb:.3f}GB", "--study", f"tuner-{limit.name}",
+        "--storage", storage, "--trials", str(trials), "--top-k", "3",
+        "--reverify", str(reverify), "--output", str(pin),
+    ]  # fmt: skip
+    if limit.batch != 4:
+        command += ["-o", f"batch_size={limit.batch}"]
+    if limit.fixed_optimizer:
+        command += ["--fix", f"optimizer_impl={limit.fixed_optimizer}"]
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="what", required=True)
+    p_limits = sub.add_parser("limits", help="print L1-L4 from the grid")
+    p_limits.add_argument("grid", nargs="+", type=Path)
+    p_run = sub.add_parser("run", help="search at one limit, then append its record")
+    p_run.add_argument("limit", choices=["L1", "L2", "L3", "L4"])
+    p_run.add_argument("--grid", nargs="+", type=Path, required=True)
+    p_run.add_argument("--storage", required=True)
+    p_run.add_argument("--out", type=Path, required=True)
+    p_run.add_argument("--pins", type=Path, default=Path("benchmarks/results"))
+    p_run.add_argument("--trials", type=int, default=20)
+    p_run.add_argument("--reverify", type=int, default=5)
+    p_rec = sub.add_parser("record", help="append the record of a search that already ran")
+    p_rec.add_argument("--storage", required=True)
+    p_rec.add_argument("--pin", type=Path, required=True)
+    p_rec.add_argument("--name", required=True)
+    p_rec.add_argument("--grid", nargs="+", type=Path, required=True)
+    p_rec.add_argument("--batch", type=int, default=4)
+    p_rec.add_argument("--optimizer", help="restrict the grid best to this optimizer_impl")
+    p_rec.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    if args.what == "limits":
+        for limit in limits(read_jsonl(args.grid)).values():
+            print(f"{limit.name} {limit.gb:.3f} GB  B={limit.batch}  {limit.why}")
+        return 0
+    if args.what == "run":
+        grid = read_jsonl(args.grid)
+        known = limits(grid)
+        if args.limit not in known:
+            raise SystemExit(
+                f"{args.limit}: its grid point is not measured yet; run the grid first"
+            )
+        limit = known[args.limit]
+        pin = args.pins / f"tuner-{limit.name}-pin.json"
+        command = search_command(
+            limit, storage=args.storage, pin=pin, trials=args.trials, reverify=args.reverify
+        )
+        print(" ".join(command), flush=True)
+        code = subprocess.call(command)
+        if code != 0:
+            return code
+        trials = _load_trials(args.storage, f"tuner-{limit.name}")
+        row = record(
+            name=limit.name, trials=trials, pin=json.loads(pin.read_text()), grid=grid,
+            batch=limit.batch, optimizer=limit.fixed_optimizer,
+        )  # fmt: skip
+        _append(args.out, row)
+        print(json.dumps(row, indent=1))
+        return 0
+    pin = json.loads(args.pin.read_text())
+    row = record(
+        name=args.name, trials=_load_trials(args.storage, pin["study_name"]), pin=pin,
+        grid=read_jsonl(args.grid), batch=args.batch, optimizer=args.optimizer,
+    )  # fmt: skip
+    _append(args.out, row)
+    print(json.dumps(row, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""benchmarks/tuner.py: issue 5's limits from the grid, the grid best, and the per-limit record."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 11, 22, 3, 0, 0)
+
+
+def _tuner():
+    spec = importlib.util.spec_from_file_location("tuner_bench", ROOT / "benchmarks" / "tuner.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _grid(label: str, gb: float, ms: float, **spec: Any) -> dict[str, Any]:
+    batch = spec.pop("batch", None)
+    return {
+        "label": label,
+        "options": {} if batch is None else {"batch_size": batch},
+        "spec": {"optimizer_impl": "as_written", **spec},
+        "result": {
+            "measurement": {
+                "peak_device_bytes": gb * 1e9,
+                "peak_allocated_bytes": gb * 1e9 - 1e9,
+                "step_time_ms": ms,
+                "peak_phase": "backward",
+            }
+        },
+    }
+
+
+GRID = [
+    _grid("budget-1.0", 19.03, 77.0),
+    _grid("budget-0.5", 16.50, 80.0),
+    _grid("ac-every-1", 15.06, 89.2),
+    _grid("fused-ac-every-1", 14.16, 78.8, optimizer_impl="fused"),
+    _grid("fused-budget-0.7", 15.60, 67.8, optimizer_impl="fused"),
+    _grid("fused-budget-0.5", 15.20, 70.0, optimizer_impl="fused"),
+    _grid("b8-fused-budget-1.0", 25.0, 150.0, optimizer_impl="fused", batch=8),
+    {"label": "oom", "options": {}, "spec": {}, "result": {"measurement": None}},
+]
+
+
+def test_limits_come_from_the_grid_peaks() -> None:
+    limits = _tuner().limits(GRID)
+    assert limits["L1"].gb == pytest.approx(16.50)
+    assert limits["L2"].gb == pytest.approx(1.02 * 14.16)
+    assert (limits["L3"].gb, limits["L3"].batch, limits["L3"].fixed_optimizer) == (
+        16.0,
+        8,
+        "fused",
+    )
+    assert (limits["L4"].gb, limits["L4"].fixed_optimizer) == (pytest.approx(15.20), "fused")
+    assert set(_tuner().limits(GRID[:1])) == {"L3"}  # the others wait for their grid points
+
+
+def test_grid_best_respects_limit_batch_and_optimizer() -> None:
+    best = _tuner().grid_best
+    assert best(GRID, 16.5e9)["label"] == "fused-budget-0.7"
+    assert best(GRID, 16.5e9, optimizer="as_written")["label"] == "budget-0.5"
+    assert best(GRID, 15.3e9, optimizer="fused")["label"] == "fused-budget-0.5"
+    assert best(GRID, 30e9, batch=8)["label"] == "b8-fused-budget-1.0"
+    assert best(GRID, 10e9) is None
+
+
+def _trial(number: int, start: float, end: float, ms: float, feasible: bool = True):
+    trial = create_trial(
+        state=TrialState.COMPLETE,
+        value=ms,
+        params={"x": 0.5},
+        distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={
+            "outcome": "ok",
+            "step_time_ms": ms,
+            "constraint": [-1.0 if feasible else 1.0],
+        },
+    )
+    trial.number = number
+    trial.datetime_start = T0 + timedelta(seconds=start)
+    trial.datetime_complete = T0 + timedelta(seconds=end)
+    return trial
+
+
+def test_first_within_counts_finished_trials_until_a_feasible_one_is_close() -> None:
+    trials = [
+        _trial(0, 0, 40, 66.0, feasible=False),  # fast but over the limit: does not count
+        _trial(1, 40, 85, 80.0),
+        _trial(2, 85, 130, 69.0),  # within 2 % of 67.8
+        _trial(3, 130, 170, 67.0),
+    ]
+    assert _tuner().first_within(trials, 67.8) == (3, 130.0)
+    assert _tuner().first_within(trials[:2], 67.8) is None
+
+
+def test_record_of_a_search() -> None:
+    pin = {
+        "limit_bytes": 16.5e9,
+        "mem_metric": "device",
+        "study_name": "tuner-L1",
+        "created_at": (T0 + timedelta(seconds=300)).isoformat() + "+00:00",
+        "spec": {"activation_memory_budget": 0.7, "optimizer_impl": "fused"},
+        "measured": {
+            "peak_worst_bytes": 15.61e9,
+            "peak_phase": "backward",
+            "step_time_ms": 68.0,
+            "runs": 5,
+        },
+        "fingerprint": {"device_name": "NVIDIA H200", "torch_version": "2.11.0+cu130"},
+    }
+    trials = [_trial(0, 0, 40, 77.0), _trial(1, 40, 90, 68.5)]
+    row = _tuner().record(name="L1", trials=trials, pin=pin, grid=GRID)
+    assert row["grid_best"]["label"] == "fused-budget-0.7"
+    assert row["baseline"]["label"] == "budget-1.0"
+    assert row["vs_baseline"] == pytest.approx(68.0 / 77.0 - 1)
+    assert row["vs_grid_best"] == pytest.approx(68.0 / 67.8 - 1)
+    assert row["within_2pct"] == {"trials": 2, "wall_s": 90.0}
+    assert row["total_wall_s"] == 300.0
+    assert row["pin"]["config"].startswith("budget 0.70") and row["pin"]["runs"] == 5
+    # the README renders it
+    spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    row["date"] = pin["created_at"]
+    text = report.tuner_table([row])
+    assert "| L1 | 16.50 | budget 0.70" in text
+    assert "| 15.61 (5) | 68.0 | -11.7% | fused-budget-0.7 (15.60 GB, 67.8 ms) | +0.3% |" in text
+    assert "| 2 trials, 90 s | 300 s | 2 |" in text
+
+
+def test_search_command_fixes_the_optimizer_and_batch_for_l3() -> None:
+    tuner = _tuner()
+    l3 = tuner.limits(GRID)["L3"]
+    command = tuner.search_command(l3, storage="s.db", pin=Path("p.json"), trials=20, reverify=5)
+    joined = " ".join(command[1:])
+    assert "--max-mem 16.000GB" in joined and "--study tuner-L3" in joined
+    assert "-o batch_size=8" in joined and "--fix optimizer_impl=fused" in joined
+    assert "--trials 20" in joined and "--reverify 5" in joined
