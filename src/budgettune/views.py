@@ -59,7 +59,8 @@ def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
     if baseline:
         table.add_row(
             "baseline (budget 1.0)",
-            f"{format_bytes(baseline['peak_bytes'])}, {baseline['step_time_ms']:.2f} ms",
+            f"{format_bytes(baseline['peak_bytes'])}, {baseline['step_time_ms']:.2f} ms"
+            + (f" (median of {baseline['runs']} runs)" if baseline.get("runs") else ""),
         )
         table.add_row("slowdown", f"{baseline['slowdown'] * 100:+.1f}%")
     if pin.get("advice"):

@@ -103,3 +103,52 @@ def test_example_training_loop_runs_with_a_pin(tmp_path: Path) -> None:
     spec.loader.exec_module(module)
     losses = module.main(str(path), steps=2)
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def _timed(ms: float):
+    from dataclasses import replace
+
+    from storage_samples import ok_result
+
+    result = ok_result()
+    assert result.measurement is not None
+    return replace(result, measurement=replace(result.measurement, step_time_ms=ms))
+
+
+def test_pin_slowdown_uses_the_re_measured_baseline_median() -> None:
+    from budgettune.pinning import Candidate, build_pin
+    from budgettune.search_space import SearchSpace
+    from budgettune.spec import SearchSpec
+
+    search = SearchSpec(
+        workload="builtin:tiny-gpt",
+        max_mem_bytes=15_000_000_000,
+        num_trials=4,
+        study_name="s",
+        space=SearchSpace.for_device("cpu"),
+    )
+    candidate = Candidate(trial_number=3, spec=SPEC, step_time_ms=60.0, peak_bytes=14_050_000_000)
+    attrs = {
+        "spec": TrialSpec().to_json_dict(),
+        "peak_device_bytes": 19_000_000_000,
+        "step_time_ms": 40.0,  # one noisy trial measurement
+        "peak_phase": "backward",
+    }
+    pins = [_timed(66.0), _timed(63.0), _timed(70.0)]
+    doc = build_pin(
+        search=search, candidate=candidate, reverify_results=pins, baseline=attrs, trials=4,
+        baseline_results=[_timed(61.0), _timed(59.0), _timed(60.0)],
+    )  # fmt: skip
+    baseline = doc["baseline"]
+    assert (baseline["step_time_ms"], baseline["runs"], baseline["trial_step_time_ms"]) == (
+        60.0,
+        3,
+        40.0,
+    )
+    assert baseline["slowdown"] == pytest.approx(66.0 / 60.0 - 1)
+    # without re-measurements (all failed) the trial's figure is the baseline
+    alone = build_pin(
+        search=search, candidate=candidate, reverify_results=pins, baseline=attrs, trials=4
+    )["baseline"]
+    assert (alone["step_time_ms"], alone["runs"]) == (40.0, 0)
+    assert alone["slowdown"] == pytest.approx(66.0 / 40.0 - 1)
