@@ -98,6 +98,7 @@ TUNER_COLUMNS = (
     "worst peak GB (runs)",
     "step ms",
     "vs baseline",
+    "target",
     "best grid config under the limit",
     "pin vs grid best",
     "to within 2% of grid best",
@@ -115,8 +116,7 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
     dates = sorted(r["date"][:10] for r in records)
     out = [
         f"**Tuner** — {', '.join(devices)}, torch {', '.join(torches)}, {dates[0]}"
-        f"{'' if dates[0] == dates[-1] else ' to ' + dates[-1]}; baseline: compile, budget 1.0, "
-        "optimizer as written, same batch\n",
+        f"{'' if dates[0] == dates[-1] else ' to ' + dates[-1]}\n",
         "| " + " | ".join(TUNER_COLUMNS) + " |",
         "|" + "---|" * len(TUNER_COLUMNS),
     ]
@@ -138,13 +138,20 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
             else f"{within['trials']} trials, {within['wall_s']:.0f} s"
         )
         wall = "-" if r["total_wall_s"] is None else f"{r['total_wall_s']:.0f} s"
+        base = r["baseline"]
+        target = (
+            "-"
+            if r.get("max_slowdown") is None
+            else f"<= {r['max_slowdown'] * 100:+.0f}%: {'met' if r['target_met'] else 'missed'}"
+        )
         cells = [
             r["name"],
             f"{r['limit_bytes'] / 1e9:.2f}",
             pin["config"],
             f"{pin['peak_worst_bytes'] / 1e9:.2f} ({pin['runs']})",
             f"{pin['step_time_ms']:.1f}",
-            pct(r["vs_baseline"]),
+            pct(r["vs_baseline"]) + ("" if base is None else f" vs {base['label']}"),
+            target,
             grid_cell,
             pct(r["vs_grid_best"]),
             reached,

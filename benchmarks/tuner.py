@@ -10,8 +10,9 @@
         # the record of a search that already ran
 
 A record (one JSON line, device, torch version and date in it) holds the pinned config, its
-worst re-measured peak and median step time, its slowdown against the user's unconstrained
-baseline from the grid (compile, budget 1.0, optimizer as written, same batch), the best grid
+worst re-measured peak and median step time, its slowdown against the limit's baseline from the
+grid (the user's compile at budget 1.0, optimizer as written; for L3 and L4, whose targets are
+stated so, fused AdamW at budget 1.0) and whether the target is met, the best grid
 configuration under the same limit, the trials and wall time until a feasible trial came within
 2 % of that grid best (None: never), and the search's total wall time (first trial start to the
 pin). ``report.py`` renders these records as the README's tuner table.
@@ -52,6 +53,11 @@ class Limit:
     fixed_optimizer: str | None
     """``--fix optimizer_impl=...``; also restricts the grid best to that optimizer."""
     why: str
+    baseline: str
+    """Grid label of the baseline its target is stated against."""
+    max_slowdown: float
+    """The target: the pin's step time at most this much above the baseline's (-0.10: 10 %
+    faster)."""
 
 
 def _device_gb(records: Sequence[dict[str, Any]], label: str) -> float | None:
@@ -68,17 +74,24 @@ def limits(records: Sequence[dict[str, Any]]) -> dict[str, Limit]:
     b05 = _device_gb(records, "budget-0.5")
     if b05 is not None:
         out["L1"] = Limit(
-            "L1", b05, 4, None, "device peak of compile at budget 0.5, AdamW as written"
-        )
+            "L1", b05, 4, None, "device peak of compile at budget 0.5, AdamW as written",
+            "budget-1.0", -0.10,
+        )  # fmt: skip
     ac1 = _device_gb(records, "fused-ac-every-1")
     if ac1 is not None:
-        out["L2"] = Limit("L2", 1.02 * ac1, 4, None, "1.02 x device peak of fused AdamW + full AC")
-    out["L3"] = Limit("L3", 16.0, 8, "fused", "16 GB at B=8, fused AdamW")
+        out["L2"] = Limit(
+            "L2", 1.02 * ac1, 4, None, "1.02 x device peak of fused AdamW + full AC",
+            "budget-1.0", 0.02,
+        )  # fmt: skip
+    out["L3"] = Limit(
+        "L3", 16.0, 8, "fused", "16 GB at B=8, fused AdamW", "b8-fused-budget-1.0", 0.08
+    )
     f05 = _device_gb(records, "fused-budget-0.5")
     if f05 is not None:
         out["L4"] = Limit(
-            "L4", f05, 4, "fused", "device peak of fused AdamW at budget 0.5, optimizer fixed"
-        )
+            "L4", f05, 4, "fused", "device peak of fused AdamW at budget 0.5, optimizer fixed",
+            "fused-budget-1.0", 0.02,
+        )  # fmt: skip
     return out
 
 
@@ -134,18 +147,22 @@ def record(
     grid: Sequence[dict[str, Any]],
     batch: int = 4,
     optimizer: str | None = None,
+    baseline_label: str | None = None,
+    max_slowdown: float | None = None,
 ) -> dict[str, Any]:
-    """The per-limit record of a finished search (see the module docstring)."""
+    """The per-limit record of a finished search (see the module docstring).
+
+    Args:
+        baseline_label: the grid baseline of the target (default: the user's, as written).
+        max_slowdown: the target on the pin's slowdown against it (None: no target).
+    """
+    baseline_label = baseline_label or BASELINE_LABEL.get(batch)
     limit = float(pin["limit_bytes"])
     metric = pin["mem_metric"]
     measured = pin["measured"]
     best = grid_best(grid, limit, metric=metric, batch=batch, optimizer=optimizer)
     baseline = next(
-        (
-            r
-            for r in grid
-            if r["label"] == BASELINE_LABEL.get(batch) and r["result"].get("measurement")
-        ),
+        (r for r in grid if r["label"] == baseline_label and r["result"].get("measurement")),
         None,
     )
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
@@ -165,6 +182,7 @@ def record(
         }
 
     pin_ms = float(measured["step_time_ms"])
+    vs_baseline = None if baseline is None else pin_ms / point(baseline)["step_time_ms"] - 1  # type: ignore[index]
     return {
         "kind": "tuner",
         "name": name,
@@ -184,7 +202,11 @@ def record(
             "advice": pin.get("advice", ""),
         },
         "baseline": point(baseline),
-        "vs_baseline": None if baseline is None else pin_ms / point(baseline)["step_time_ms"] - 1,  # type: ignore[index]
+        "vs_baseline": vs_baseline,
+        "max_slowdown": max_slowdown,
+        "target_met": None
+        if max_slowdown is None or vs_baseline is None
+        else bool(vs_baseline <= max_slowdown and measured["peak_worst_bytes"] <= limit),
         "grid_best": point(best),
         "vs_grid_best": None if best is None else pin_ms / point(best)["step_time_ms"] - 1,  # type: ignore[index]
         "within_2pct": None if within is None else {"trials": within[0], "wall_s": within[1]},
@@ -257,7 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.what == "limits":
         for limit in limits(read_jsonl(args.grid)).values():
-            print(f"{limit.name} {limit.gb:.3f} GB  B={limit.batch}  {limit.why}")
+            print(
+                f"{limit.name} {limit.gb:.3f} GB  B={limit.batch}  {limit.why}; target: "
+                f"{limit.max_slowdown * 100:+.0f}% at most vs {limit.baseline}"
+            )
         return 0
     if args.what == "run":
         grid = read_jsonl(args.grid)
@@ -278,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         trials = _load_trials(args.storage, f"tuner-{limit.name}")
         row = record(
             name=limit.name, trials=trials, pin=json.loads(pin.read_text()), grid=grid,
-            batch=limit.batch, optimizer=limit.fixed_optimizer,
+            batch=limit.batch, optimizer=limit.fixed_optimizer, baseline_label=limit.baseline,
+            max_slowdown=limit.max_slowdown,
         )  # fmt: skip
         _append(args.out, row)
         print(json.dumps(row, indent=1))

@@ -49,6 +49,7 @@ GRID = [
     _grid("fused-ac-every-1", 14.16, 78.8, optimizer_impl="fused"),
     _grid("fused-budget-0.7", 15.60, 67.8, optimizer_impl="fused"),
     _grid("fused-budget-0.5", 15.20, 70.0, optimizer_impl="fused"),
+    _grid("fused-budget-1.0", 17.50, 66.0, optimizer_impl="fused"),
     _grid("b8-fused-budget-1.0", 25.0, 150.0, optimizer_impl="fused", batch=8),
     {"label": "oom", "options": {}, "spec": {}, "result": {"measurement": None}},
 ]
@@ -64,6 +65,13 @@ def test_limits_come_from_the_grid_peaks() -> None:
         "fused",
     )
     assert (limits["L4"].gb, limits["L4"].fixed_optimizer) == (pytest.approx(15.20), "fused")
+    # each target is stated against its own baseline
+    assert [(limits[n].baseline, limits[n].max_slowdown) for n in ("L1", "L2", "L3", "L4")] == [
+        ("budget-1.0", -0.10),
+        ("budget-1.0", 0.02),
+        ("b8-fused-budget-1.0", 0.08),
+        ("fused-budget-1.0", 0.02),
+    ]
     assert set(_tuner().limits(GRID[:1])) == {"L3"}  # the others wait for their grid points
 
 
@@ -121,10 +129,17 @@ def test_record_of_a_search() -> None:
         "fingerprint": {"device_name": "NVIDIA H200", "torch_version": "2.11.0+cu130"},
     }
     trials = [_trial(0, 0, 40, 77.0), _trial(1, 40, 90, 68.5)]
-    row = _tuner().record(name="L1", trials=trials, pin=pin, grid=GRID)
+    row = _tuner().record(name="L1", trials=trials, pin=pin, grid=GRID, max_slowdown=-0.10)
     assert row["grid_best"]["label"] == "fused-budget-0.7"
     assert row["baseline"]["label"] == "budget-1.0"
     assert row["vs_baseline"] == pytest.approx(68.0 / 77.0 - 1)
+    assert row["target_met"] is True  # 11.7 % faster, under the limit
+    l4 = _tuner().record(
+        name="L4", trials=trials, pin=pin, grid=GRID, optimizer="fused",
+        baseline_label="fused-budget-1.0", max_slowdown=0.02,
+    )  # fmt: skip
+    assert l4["baseline"]["label"] == "fused-budget-1.0"
+    assert l4["vs_baseline"] == pytest.approx(68.0 / 66.0 - 1) and l4["target_met"] is False
     assert row["vs_grid_best"] == pytest.approx(68.0 / 67.8 - 1)
     assert row["within_2pct"] == {"trials": 2, "wall_s": 90.0}
     assert row["total_wall_s"] == 300.0
@@ -137,7 +152,10 @@ def test_record_of_a_search() -> None:
     row["date"] = pin["created_at"]
     text = report.tuner_table([row])
     assert "| L1 | 16.50 | budget 0.70" in text
-    assert "| 15.61 (5) | 68.0 | -11.7% | fused-budget-0.7 (15.60 GB, 67.8 ms) | +0.3% |" in text
+    assert (
+        "| 15.61 (5) | 68.0 | -11.7% vs budget-1.0 | <= -10%: met | "
+        "fused-budget-0.7 (15.60 GB, 67.8 ms) | +0.3% |"
+    ) in text
     assert "| 2 trials, 90 s | 300 s | 2 |" in text
 
 
