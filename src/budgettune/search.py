@@ -546,7 +546,8 @@ class Searcher:
             (
                 t
                 for t in trials
-                if t.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED and "spec" in t.user_attrs
+                if t.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED
+                and "step_time_ms" in t.user_attrs  # the trial `unconstrained_baseline` reads
             ),
             None,
         )
@@ -557,8 +558,8 @@ class Searcher:
             if candidate.spec == spec and candidate.trial_number in reverified:
                 return list(reverified[candidate.trial_number])
         results = []
-        for repeat in range(self.search.reverify_runs):
-            runs = self.search.reverify_runs
+        runs = self.search.reverify_runs
+        for repeat in range(runs):
             self.on_phase(f"re-measuring the unconstrained baseline ({repeat + 1}/{runs})")
             result = launch_trial(
                 self.search.trial_run(spec),
