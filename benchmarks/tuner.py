@@ -35,6 +35,9 @@ import optuna
 from budgettune.spec import TrialSpec
 from budgettune.study_trials import is_feasible
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import read_records  # noqa: E402 - the results reader beside this script
+
 WITHIN = 0.02
 """A trial is 'as good as the grid' when its step time is within this of the grid's best."""
 BASELINE_LABEL = {4: "budget-1.0", 8: "b8-budget-1.0"}
@@ -182,7 +185,8 @@ def record(
         }
 
     pin_ms = float(measured["step_time_ms"])
-    vs_baseline = None if baseline is None else pin_ms / point(baseline)["step_time_ms"] - 1  # type: ignore[index]
+    base_point, best_point = point(baseline), point(best)
+    vs_baseline = None if base_point is None else pin_ms / base_point["step_time_ms"] - 1
     return {
         "kind": "tuner",
         "name": name,
@@ -201,27 +205,20 @@ def record(
             "runs": measured["runs"],
             "advice": pin.get("advice", ""),
         },
-        "baseline": point(baseline),
+        "baseline": base_point,
         "vs_baseline": vs_baseline,
         "max_slowdown": max_slowdown,
         "target_met": None
         if max_slowdown is None or vs_baseline is None
         else bool(vs_baseline <= max_slowdown and measured["peak_worst_bytes"] <= limit),
-        "grid_best": point(best),
-        "vs_grid_best": None if best is None else pin_ms / point(best)["step_time_ms"] - 1,  # type: ignore[index]
+        "grid_best": best_point,
+        "vs_grid_best": None if best_point is None else pin_ms / best_point["step_time_ms"] - 1,
         "within_2pct": None if within is None else {"trials": within[0], "wall_s": within[1]},
         "total_wall_s": None if first is None else (created - first).total_seconds(),
         "device": pin["fingerprint"]["device_name"],
         "torch_version": pin["fingerprint"]["torch_version"],
         "date": pin["created_at"],
     }
-
-
-def read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    rows = []
-    for path in paths:
-        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows
 
 
 def _load_trials(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
@@ -278,14 +275,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.what == "limits":
-        for limit in limits(read_jsonl(args.grid)).values():
+        for limit in limits(read_records(args.grid)).values():
             print(
                 f"{limit.name} {limit.gb:.3f} GB  B={limit.batch}  {limit.why}; target: "
                 f"{limit.max_slowdown * 100:+.0f}% at most vs {limit.baseline}"
             )
         return 0
     if args.what == "run":
-        grid = read_jsonl(args.grid)
+        grid = read_records(args.grid)
         known = limits(grid)
         if args.limit not in known:
             raise SystemExit(
@@ -312,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pin = json.loads(args.pin.read_text())
     row = record(
         name=args.name, trials=_load_trials(args.storage, pin["study_name"]), pin=pin,
-        grid=read_jsonl(args.grid), batch=args.batch, optimizer=args.optimizer,
+        grid=read_records(args.grid), batch=args.batch, optimizer=args.optimizer,
     )  # fmt: skip
     _append(args.out, row)
     print(json.dumps(row, indent=1))

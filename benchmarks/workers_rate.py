@@ -28,6 +28,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from budgettune.search import WORKER_ATTR
+
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
@@ -61,14 +63,14 @@ def rate(trials: Sequence[FrozenTrial], workers_by_number: dict[int, str] | None
     for trial in trials:
         if trial.datetime_start is None:
             continue
-        worker = trial.user_attrs.get("worker", known.get(trial.number))
+        worker = trial.user_attrs.get(WORKER_ATTR, known.get(trial.number))
         if worker is None:
             unattributed = True
         starts[str(worker)].append(trial.datetime_start)
     cycles = [
         (later - earlier).total_seconds()
-        for times in starts.values()
-        for earlier, later in zip(sorted(times), sorted(times)[1:], strict=False)
+        for times in map(sorted, starts.values())
+        for earlier, later in zip(times, times[1:], strict=False)
     ]
     cycle = statistics.fmean(cycles) if cycles and not unattributed else None
     workers = 0 if unattributed else len(starts)

@@ -512,24 +512,35 @@ class Searcher:
 
     def reverify(self, candidates: list[Candidate]) -> dict[int, list[TrialResult]]:
         """Re-measure the top-k candidates R times each, in fresh processes."""
-        runs: dict[int, list[TrialResult]] = {}
-        for candidate in candidates[: self.search.top_k]:
-            results = []
-            for repeat in range(self.search.reverify_runs):
-                self.on_phase(
-                    f"re-verifying trial {candidate.trial_number} "
-                    f"({repeat + 1}/{self.search.reverify_runs})"
-                )
-                result = launch_trial(
-                    self.search.trial_run(candidate.spec),
-                    run_dir=self.runs_dir / f"reverify-{candidate.trial_number:04d}-{repeat}",
-                    timeout_s=self.search.trial_timeout_s,
-                )
+        return {
+            c.trial_number: self._fresh_runs(
+                c.spec,
+                number=c.trial_number,
+                run_name=f"reverify-{c.trial_number:04d}",
+                phase=f"re-verifying trial {c.trial_number}",
+            )
+            for c in candidates[: self.search.top_k]
+        }
+
+    def _fresh_runs(
+        self, spec: TrialSpec, *, number: int, run_name: str, phase: str, check: bool = True
+    ) -> list[TrialResult]:
+        """Measure ``spec`` R times in fresh processes, each stored as a ``reverify`` of trial
+        ``number``; ``check`` compares each run's numerics with the study's reference."""
+        results = []
+        runs = self.search.reverify_runs
+        for repeat in range(runs):
+            self.on_phase(f"{phase} ({repeat + 1}/{runs})")
+            result = launch_trial(
+                self.search.trial_run(spec),
+                run_dir=self.runs_dir / f"{run_name}-{repeat}",
+                timeout_s=self.search.trial_timeout_s,
+            )
+            if check:
                 result = check_numerics(result, self.reference())
-                self._store(candidate.trial_number, "reverify", candidate.spec, result)
-                results.append(result)
-            runs[candidate.trial_number] = results
-        return runs
+            self._store(number, "reverify", spec, result)
+            results.append(result)
+        return results
 
     def remeasure_baseline(
         self,
@@ -557,18 +568,14 @@ class Searcher:
         for candidate in candidates:
             if candidate.spec == spec and candidate.trial_number in reverified:
                 return list(reverified[candidate.trial_number])
-        results = []
-        runs = self.search.reverify_runs
-        for repeat in range(runs):
-            self.on_phase(f"re-measuring the unconstrained baseline ({repeat + 1}/{runs})")
-            result = launch_trial(
-                self.search.trial_run(spec),
-                run_dir=self.runs_dir / f"reverify-baseline-{trial.number:04d}-{repeat}",
-                timeout_s=self.search.trial_timeout_s,
-            )
-            self._store(trial.number, "reverify", spec, result)
-            results.append(result)
-        return results
+        # the baseline is the numerics reference itself: nothing to compare it with
+        return self._fresh_runs(
+            spec,
+            number=trial.number,
+            run_name=f"reverify-baseline-{trial.number:04d}",
+            phase="re-measuring the unconstrained baseline",
+            check=False,
+        )
 
     def pin(self) -> dict[str, Any]:
         trials = self.study.get_trials(deepcopy=False)
