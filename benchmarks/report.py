@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 COLUMNS = (
@@ -297,6 +298,44 @@ def _named(values: list[str], what: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def study_trials(url: str, names: list[str] | None = None) -> dict[str, list[Any]]:
+    """``{study: trials}`` of a budgettune storage (all studies, or ``names``), read-only.
+
+    Raises:
+        StorageError: no storage there (a missing SQLite file is not created), unreachable, or
+            a study of ``names`` that it does not hold (the message lists those it does).
+    """
+    from budgettune import storage
+    from budgettune.errors import StorageError
+    from budgettune.storage.coordination import database_errors
+
+    with storage.open_storage(url, create=False) as store, database_errors(store.url):
+        held = [s.study_name for s in store.optuna_storage.get_all_studies()]  # made first, first
+        missing = [name for name in names or [] if name not in held]
+        if missing:
+            raise StorageError(
+                f"no study {missing[0]!r} in {store.display_url}; studies: {', '.join(held)}"
+            )
+        return {
+            name: store.optuna_storage.get_all_trials(
+                store.optuna_storage.get_study_id_from_name(name), deepcopy=False
+            )
+            for name in names or held
+        }
+
+
+def script_main(main: Callable[[], int]) -> NoReturn:
+    """Run a benchmark script: a failure the user can fix (a missing or corrupt file, a storage
+    or study that is not there) is one ``error:`` line and exit code 1, not a traceback."""
+    from budgettune.errors import BudgettuneError
+
+    try:
+        code = main()
+    except (BudgettuneError, OSError, json.JSONDecodeError) as exc:
+        sys.exit(f"error: {exc}")
+    sys.exit(code)
+
+
 def rewrite_readme(readme: Path, body: str) -> None:
     """Replace the text between the markers (they must exist)."""
     text = readme.read_text()
@@ -334,4 +373,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

@@ -36,7 +36,7 @@ from budgettune.spec import TrialSpec
 from budgettune.study_trials import is_feasible
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import read_records  # noqa: E402 - the results reader beside this script
+from report import read_records, script_main, study_trials  # noqa: E402 - beside this script
 
 WITHIN = 0.02
 """A trial is 'as good as the grid' when its step time is within this of the grid's best."""
@@ -221,11 +221,6 @@ def record(
     }
 
 
-def _load_trials(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    return optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-
-
 def _append(out: Path, row: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as handle:
@@ -297,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = subprocess.call(command)
         if code != 0:
             return code
-        trials = _load_trials(args.storage, f"tuner-{limit.name}")
+        trials = study_trials(args.storage, [f"tuner-{limit.name}"])[f"tuner-{limit.name}"]
         row = record(
             name=limit.name, trials=trials, pin=json.loads(pin.read_text()), grid=grid,
             batch=limit.batch, optimizer=limit.fixed_optimizer, baseline_label=limit.baseline,
@@ -307,8 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(row, indent=1))
         return 0
     pin = json.loads(args.pin.read_text())
+    name = pin["study_name"]
     row = record(
-        name=args.name, trials=_load_trials(args.storage, pin["study_name"]), pin=pin,
+        name=args.name, trials=study_trials(args.storage, [name])[name], pin=pin,
         grid=read_records(args.grid), batch=args.batch, optimizer=args.optimizer,
     )  # fmt: skip
     _append(args.out, row)
@@ -317,4 +313,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

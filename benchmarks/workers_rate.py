@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from budgettune.search import WORKER_ATTR
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import script_main, study_trials  # noqa: E402 - beside this script
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -118,28 +120,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from_logs = workers_from_logs(args.logs)
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    studies = study_trials(args.storage)
     print(
         "| study | workers | finished | first start to last end, s | trials/hour over it "
         "| mean cycle per worker, s | trials/hour, workers x 3600 / cycle |"
     )
     print("|---|---|---|---|---|---|---|")
-    for summary in optuna.get_all_study_summaries(args.storage, include_best_trial=False):
-        study = optuna.load_study(study_name=summary.study_name, storage=args.storage)
-        trials = study.get_trials(deepcopy=False)
-        known = from_logs.get(summary.study_name)
-        if summary.study_name in args.one_worker:
+    for name, trials in studies.items():
+        known = from_logs.get(name)
+        if name in args.one_worker:
             known = {t.number: "the worker" for t in trials}
         r = rate(trials, known)
         cycle = "-" if r.cycle_s is None else f"{r.cycle_s:.1f}"
         by_cycle = "-" if not (r.cycle_s and r.workers) else f"{r.workers * 3600 / r.cycle_s:.0f}"
         workers = r.workers or "?"
         print(
-            f"| {summary.study_name} | {workers} | {r.finished} | {r.span_s:.1f} | "
+            f"| {name} | {workers} | {r.finished} | {r.span_s:.1f} | "
             f"{r.per_hour:.0f} | {cycle} | {by_cycle} |"
         )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

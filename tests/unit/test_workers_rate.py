@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -11,6 +12,8 @@ import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
+
+from budgettune import storage
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 22, 2, 31, 0)
@@ -84,8 +87,22 @@ def test_workers_from_logs_reads_sections(tmp_path: Path) -> None:
 def test_main_prints_one_row_per_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study = optuna.create_study(study_name="solo", storage=url)
-    study.add_trials([_trial(0, 0, 30, "h:cuda"), _trial(1, 36, 66, "h:cuda")])
+    with storage.open_storage(url) as store:  # a budgettune storage, as the script reads
+        study = optuna.create_study(study_name="solo", storage=store.optuna_storage)
+        study.add_trials([_trial(0, 0, 30, "h:cuda"), _trial(1, 36, 66, "h:cuda")])
     assert _module().main([url]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert row == "| solo | 1 | 2 | 66.0 | 109 | 36.0 | 100 |"
+
+
+def test_main_refuses_a_missing_storage_in_one_line(tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "workers_rate.py"
+    out = subprocess.run(
+        [sys.executable, str(script), f"sqlite:///{tmp_path}/none.db"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"error: no storage at sqlite:///{tmp_path}/none.db; run `budgettune search` first"
+    ]
+    assert not (tmp_path / "none.db").exists()
