@@ -336,6 +336,13 @@ def script_main(main: Callable[[], int]) -> NoReturn:
     sys.exit(code)
 
 
+def _gb(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"--limit takes NAME=GB (a number), got GB {text!r}") from None
+
+
 def rewrite_readme(readme: Path, body: str) -> None:
     """Replace the text between the markers (they must exist)."""
     text = readme.read_text()
@@ -359,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [r for r in everything if r.get("kind") != "tuner"]
     tuned = [r for r in everything if r.get("kind") == "tuner"]
     if args.figure:
-        limits = {name: float(gb) for name, gb in _named(args.limit, "--limit")}
+        limits = {name: _gb(gb) for name, gb in _named(args.limit, "--limit")}
         pins = {label: json.loads(Path(p).read_text()) for label, p in _named(args.pin, "--pin")}
         front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
         sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
