@@ -4,14 +4,19 @@ Resumable: every finished configuration is appended to a JSON-lines file, and co
 already there are skipped, so a grid larger than one 10-minute device command is finished by
 running the same command again. Every record carries device, torch version and date.
 
-    python benchmarks/reference.py --set issue2 --out benchmarks/results/llama-h200.jsonl
-    python benchmarks/reference.py --set grid --out benchmarks/results/llama-h200.jsonl
+    python -m benchmarks.reference --set issue2 --out benchmarks/results/llama-h200.jsonl
+    python -m benchmarks.reference --set grid --out benchmarks/results/llama-h200.jsonl --gpus 0,1
+
+With ``--gpus 0,1,...`` every GPU measures one configuration at a time (a fresh process that
+sees only that GPU), so a grid takes 1/N of the wall time; records are appended as they finish.
 
 Sets (builtin:llama, B=4, T=1024, bf16, AdamW as usually written unless named ``fused``):
     issue2   budgets 1.0, 0.7, 0.5, 0.0 and block AC every 1 and 2 under compile
-    grid     eager, eager + full AC, budgets 0.0..1.0, AC every 1/2/4, op policy, nosac,
-             and the fused-AdamW variants (1.0, 0.8, 0.7, 0.5, 0.3 and the AC variants)
-    b8       B=8: budget 1.0 as written; fused at budgets 1.0, 0.7, 0.5 and full AC
+    grid     eager, eager + full AC, budgets 0.0..1.0 every 0.1, block AC every 1/2/4 with
+             the full and op policies, nosac; the same with fused AdamW
+    b8       B=8: budget 1.0 as written; fused at budgets 1.0, 0.7, 0.5, 0.3, 0.2 and full AC
+    b64      B=64 (L5): budget 1.0, block AC every 1/2 (both optimizers), fused budgets
+             0.7..0.1 with and without expandable segments
     vit      builtin:vit: budgets 1.0, 0.7, 0.5, full AC, op policy
     smoke    tiny-gpt on CPU (for tests)
 """
@@ -22,12 +27,13 @@ import argparse
 import datetime
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from budgettune.launcher import launch_trial
-from budgettune.spec import TrialRun, TrialSpec
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.spec import TrialRun, TrialSpec
 
 
 def _config(label: str, family: str, workload: str, options: dict[str, Any], **spec: Any):
@@ -106,8 +112,32 @@ def configs(name: str, *, warmup: int, timed: int) -> list[dict[str, Any]]:
                 **steps,
             )
         )
+        for every in (2, 4):
+            out.append(
+                _config(
+                    f"op-ac-every-{every}",
+                    "op-policy",
+                    llama,
+                    {},
+                    block_ac_every=every,
+                    block_ac_policy="op",
+                    **steps,
+                )
+            )
         fused = {"optimizer_impl": "fused", **steps}
-        for budget in (1.0, 0.8, 0.7, 0.5, 0.3):
+        for every in (2, 4):
+            out.append(
+                _config(
+                    f"fused-op-ac-every-{every}",
+                    "fused-op-policy",
+                    llama,
+                    {},
+                    block_ac_every=every,
+                    block_ac_policy="op",
+                    **fused,
+                )
+            )
+        for budget in [tenth / 10 for tenth in range(10, -1, -1)]:
             out.append(
                 _config(
                     f"fused-budget-{budget:.1f}",
@@ -156,7 +186,7 @@ def configs(name: str, *, warmup: int, timed: int) -> list[dict[str, Any]]:
         b8 = {"batch_size": 8}
         # the user's unconstrained baseline at B=8 (L3's slowdown is against it)
         out.append(_config("b8-budget-1.0", "b8-budget", llama, b8, **steps))
-        for budget in (1.0, 0.7, 0.5):
+        for budget in (1.0, 0.7, 0.5, 0.3, 0.2):
             out.append(
                 _config(
                     f"b8-fused-budget-{budget:.1f}",
@@ -179,6 +209,38 @@ def configs(name: str, *, warmup: int, timed: int) -> list[dict[str, Any]]:
                 **steps,
             )
         )
+    elif name == "b64":
+        # L5: B=64 does not fit at budget 1.0 on an H200; full block AC is the hand pick.
+        b64 = {"batch_size": 64}
+        out.append(_config("b64-budget-1.0", "b64-budget", llama, b64, **steps))
+        for impl in ("as_written", "fused"):
+            tag = "b64-fused" if impl == "fused" else "b64"
+            for every in (1, 2):
+                out.append(
+                    _config(
+                        f"{tag}-ac-every-{every}",
+                        f"{tag}-block-ac",
+                        llama,
+                        b64,
+                        block_ac_every=every,
+                        optimizer_impl=impl,
+                        **steps,
+                    )
+                )
+        for budget in (0.7, 0.5, 0.3, 0.2, 0.1):
+            for alloc in ("", "expandable_segments:True"):
+                out.append(
+                    _config(
+                        f"b64-fused-budget-{budget:.1f}{'-expandable' if alloc else ''}",
+                        "b64-fused-budget",
+                        llama,
+                        b64,
+                        activation_memory_budget=budget,
+                        optimizer_impl="fused",
+                        cuda_alloc_conf=alloc,
+                        **steps,
+                    )
+                )
     elif name == "vit":
         for budget in (1.0, 0.7, 0.5):
             out.append(
@@ -258,6 +320,52 @@ def done_labels(path: Path) -> set[str]:
     return {json.loads(line)["label"] for line in path.read_text().splitlines() if line.strip()}
 
 
+def measure(config: dict[str, Any], *, device: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Measure one configuration in a fresh process on ``device``; the JSON-lines record."""
+    spec = TrialSpec(**config["spec"])
+    run = TrialRun(
+        spec=spec,
+        workload=config["workload"],
+        workload_options=config["options"],
+        device=device,
+        cache_root=str(args.runs_dir / "cache") if args.cache else None,
+    )
+    result = launch_trial(run, run_dir=args.runs_dir / config["label"], timeout_s=args.timeout)
+    return {
+        **config,
+        "spec": spec.to_json_dict(),
+        "result": result.to_json_dict(),
+        "device": result.device_name,
+        "device_index": device,
+        "torch_version": result.torch_version,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def summary(record: dict[str, Any]) -> str:
+    """One line per measured configuration."""
+    result = record["result"]
+    m = result.get("measurement")
+    figures = (
+        f"device {m['peak_device_bytes'] / 1e9:.2f} GB "
+        f"alloc {m['peak_allocated_bytes'] / 1e9:.2f} GB "
+        f"{m['step_time_ms']:.1f} ms peak in {m['peak_phase']} compile {m['compile_s']:.0f}s"
+        if m
+        else result.get("error", "")
+    )
+    return (
+        f"{record['label']:<24} {result['outcome']:<8} {figures} "
+        f"(wall {result['wall_s']:.0f}s on {record['device_index']})"
+    )
+
+
+def devices_of(args: argparse.Namespace) -> list[str]:
+    """``--gpus 0,1`` → ``cuda:0, cuda:1``; else ``--devices`` (comma-separated)."""
+    if args.gpus:
+        return [f"cuda:{int(g)}" for g in args.gpus.split(",") if g.strip()]
+    return [d.strip() for d in args.devices.split(",") if d.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -266,7 +374,14 @@ def main(argv: list[str] | None = None) -> int:
         "--set", dest="sets", action="append", required=True, help="set name (repeatable)"
     )
     parser.add_argument("--out", type=Path, required=True, help="JSON-lines file (appended)")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--gpus",
+        default="",
+        help="GPU indices, e.g. 0,1,2,3: one configuration per GPU at a time, all GPUs busy",
+    )
+    parser.add_argument(
+        "--devices", default="cuda", help="devices to spread over when --gpus is not given"
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timed", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds per configuration")
@@ -285,45 +400,34 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     wanted = [c for s in args.sets for c in configs(s, warmup=args.warmup, timed=args.timed)]
     pending = list({c["label"]: c for c in wanted if c["label"] not in done}.values())
-    print(f"{len(done)} done, {len(pending)} to measure", flush=True)
-    for config in pending:
-        if time.monotonic() - started > args.stop_after:
-            print("stopping: time budget of this command spent; run again to resume", flush=True)
-            break
-        spec = TrialSpec(**config["spec"])
-        run = TrialRun(
-            spec=spec,
-            workload=config["workload"],
-            workload_options=config["options"],
-            device=args.device,
-            cache_root=str(args.runs_dir / "cache") if args.cache else None,
-        )
-        result = launch_trial(run, run_dir=args.runs_dir / config["label"], timeout_s=args.timeout)
-        record = {
-            **config,
-            "spec": spec.to_json_dict(),
-            "result": result.to_json_dict(),
-            "device": result.device_name,
-            "torch_version": result.torch_version,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        }
-        with args.out.open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
-        m = result.measurement
-        figures = (
-            (
-                f"device {m.peak_device_bytes / 1e9:.2f} GB "
-                f"alloc {m.peak_allocated_bytes / 1e9:.2f} GB "
-                f"{m.step_time_ms:.1f} ms peak in {m.peak_phase} compile {m.compile_s:.0f}s"
-            )
-            if m
-            else result.error
-        )
-        print(
-            f"{config['label']:<24} {result.outcome.value:<8} {figures} "
-            f"(wall {result.wall_s:.0f}s)",
-            flush=True,
-        )
+    devices = devices_of(args)
+    print(f"{len(done)} done, {len(pending)} to measure on {', '.join(devices)}", flush=True)
+    queue = list(reversed(pending))
+    lock = threading.Lock()
+
+    def device_loop(device: str) -> None:
+        # One configuration at a time per device (the `search --gpus` rule): each is a fresh
+        # process that sees only its GPU; a finished record is appended under the lock.
+        while True:
+            with lock:
+                if not queue:
+                    return
+                if time.monotonic() - started > args.stop_after:
+                    queue.clear()
+                    print("stopping: time budget of this command spent; run again to resume")
+                    return
+                config = queue.pop()
+            record = measure(config, device=device, args=args)
+            with lock:
+                with args.out.open("a") as handle:
+                    handle.write(json.dumps(record, sort_keys=True) + "\n")
+                print(summary(record), flush=True)
+
+    threads = [threading.Thread(target=device_loop, args=(d,), name=d) for d in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return 0
 
 

@@ -1,11 +1,11 @@
 """The tuner against the grid: issue 5's limits L1-L4, their searches, one record per limit.
 
-    python benchmarks/tuner.py limits benchmarks/results/llama-h200.jsonl
+    python -m benchmarks.tuner limits benchmarks/results/llama-h200.jsonl
         # L1-L4 from the grid's measured peaks (those the grid holds)
-    python benchmarks/tuner.py run L1 --grid benchmarks/results/llama-h200.jsonl \\
+    python -m benchmarks.tuner run L1 --grid benchmarks/results/llama-h200.jsonl \\
         --storage benchmarks/results/tuner.db --out benchmarks/results/tuner-h200.jsonl
         # `budgettune search` at L1 (<= 20 trials, 5 re-measurements), then its record
-    python benchmarks/tuner.py record --storage sqlite:///S.db --pin PIN.json \\
+    python -m benchmarks.tuner record --storage sqlite:///S.db --pin PIN.json \\
         --name "issue 3" --grid GRID.jsonl --out tuner-h200.jsonl
         # the record of a search that already ran
 
@@ -32,11 +32,9 @@ from typing import Any
 
 import optuna
 
-from budgettune.spec import TrialSpec
-from budgettune.study_trials import is_feasible
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import read_records, script_main, study_trials  # noqa: E402 - beside this script
+from benchmarks.report import read_records, script_main, study_trials
+from budgettune.storage.trials import is_feasible
+from budgettune.trial.spec import TrialSpec
 
 WITHIN = 0.02
 """A trial is 'as good as the grid' when its step time is within this of the grid's best."""

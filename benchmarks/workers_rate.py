@@ -1,7 +1,7 @@
 """Trials per hour of each study in a storage, from the trials' own start and end times.
 
-cd benchmarks/results/h200x2-workers-2026-11-22
-python ../../workers_rate.py sqlite:///workers.db --logs 2workers-logs.txt \
+R=benchmarks/results/h200x2-workers-2026-11-22     # from the repository root
+python -m benchmarks.workers_rate sqlite:///$R/workers.db --logs $R/2workers-logs.txt \
     --one-worker llama-1worker
 
 For each study: finished trials, the wall time from the first trial's start to the last finished
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,10 +26,8 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from budgettune.search import WORKER_ATTR
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import script_main, study_trials  # noqa: E402 - beside this script
+from benchmarks.report import script_main, study_trials
+from budgettune.search.study import WORKER_ATTR
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 

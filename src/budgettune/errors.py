@@ -1,6 +1,6 @@
 """The one error hierarchy. Every user-facing failure is a `BudgettuneError`.
 
-`cli.py` catches these once, prints ``str(error)`` on one line to stderr and exits with
+`budgettune.cli` catches these once, prints ``str(error)`` on one line to stderr and exits with
 ``error.exit_code``. Messages say what went wrong *and* what to run next.
 """
 
@@ -57,6 +57,11 @@ class SchemaAheadError(StorageError):
 
 class WorkerFailedError(BudgettuneError):
     """Worker processes of a ``--gpus`` search exited before the study's target was met."""
+
+
+class WorkloadFailedError(BudgettuneError):
+    """A trial could not import, build or validate the workload: no knob can help, so the
+    search stops after that first trial (exit code 1)."""
 
 
 class NoFeasibleConfigError(BudgettuneError):

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import PinnedConfigError, SpecError
-from budgettune.results import TrialResult, write_json_atomically
-from budgettune.spec import TrialSpec
+from budgettune.trial.results import TrialResult, write_json_atomically
+from budgettune.trial.spec import TrialSpec
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from budgettune.spec import SearchSpec
+    from budgettune.search.spec import SearchSpec
 
 SCHEMA_VERSION = 1
 
@@ -47,6 +47,47 @@ class Candidate:
     """Median step time in that trial."""
     peak_bytes: int
     """Peak on the search's memory metric in that trial."""
+
+
+def margin_violation_bytes(peak_bytes: float, *, limit_bytes: int, margin: float) -> float:
+    """How far ``peak × (1 + margin)`` is over the limit (≤ 0: it fits).
+
+    The one notion of "fits": the search's Optuna constraint, the candidates, `show`, the
+    dashboard and the pin all use it. The margin absorbs run-to-run variation of the peak, so
+    a configuration the search rewards is one the pin will accept.
+    """
+    return peak_bytes * (1.0 + margin) - limit_bytes
+
+
+def fits_limit(peak_bytes: float, *, limit_bytes: int, margin: float) -> bool:
+    """``peak × (1 + margin) ≤ limit`` (see `margin_violation_bytes`)."""
+    return margin_violation_bytes(peak_bytes, limit_bytes=limit_bytes, margin=margin) <= 0
+
+
+#: The allocator's reserved peak above its allocated peak that is worth a word: past this
+#: fraction of the allocated peak, fragmentation decides whether a configuration fits.
+RESERVED_GAP_FRACTION = 0.15
+
+
+def allocator_advice(
+    *, peak_allocated_bytes: int, peak_reserved_bytes: int, mem_metric: str, alloc_conf: str
+) -> str:
+    """What to say when the binding peak is the allocator's reserve, far above what was used.
+
+    Only for the ``reserved`` and ``device`` metrics (the allocated peak has no such gap) and
+    only when expandable segments are not already on.
+    """
+    if mem_metric == "allocated" or "expandable_segments:True" in alloc_conf:
+        return ""
+    gap = peak_reserved_bytes - peak_allocated_bytes
+    if peak_allocated_bytes <= 0 or gap <= RESERVED_GAP_FRACTION * peak_allocated_bytes:
+        return ""
+    return (
+        f"the allocator reserved {gap / 1e9:.2f} GB above the {peak_allocated_bytes / 1e9:.2f} "
+        "GB allocated (fragmentation), and the limit is checked against that reserve; "
+        "cuda_alloc_conf=expandable_segments:True usually closes the gap (the search tries it "
+        "on CUDA: --alloc-confs default,expandable_segments:True)"
+    )
 
 
 def phase_advice(peak_phase: str | None) -> str:
@@ -81,7 +122,7 @@ def choose_pin(
         if not results or not all(r.outcome.is_feasible() and r.measurement for r in results):
             continue
         worst = max(r.measurement.peak_bytes(mem_metric) for r in results if r.measurement)
-        if worst * (1.0 + margin) > limit_bytes:
+        if not fits_limit(worst, limit_bytes=limit_bytes, margin=margin):
             continue
         median_ms = statistics.median(r.measurement.step_time_ms for r in results if r.measurement)
         qualified.append((median_ms, candidate, results))
@@ -111,6 +152,39 @@ def _figures(results: Sequence[TrialResult], metric: str) -> dict[str, Any]:
     }
 
 
+def reference_figures(
+    attrs: Mapping[str, Any] | None,
+    remeasured: Sequence[TrialResult],
+    *,
+    mem_metric: str,
+    pin_step_time_ms: float,
+) -> dict[str, Any] | None:
+    """A reference configuration in the pin (the unconstrained baseline, or full block AC).
+
+    Args:
+        attrs: user attrs of the reference's trial (None: it was not measured).
+        remeasured: its fresh re-measurements; when some succeeded, its step time is their
+            median (``runs`` says how many), like the pin's, and the trial's own figure stays
+            as ``trial_step_time_ms``; else the trial's figure is used.
+        mem_metric: the search's memory metric.
+        pin_step_time_ms: the pin's median step time, for ``slowdown``.
+    """
+    if attrs is None:
+        return None
+    runs = [r.measurement for r in remeasured if r.measurement is not None]
+    step_ms = statistics.median(m.step_time_ms for m in runs) if runs else attrs["step_time_ms"]
+    return {
+        "spec": attrs["spec"],
+        "peak_bytes": attrs[f"peak_{mem_metric}_bytes"],
+        "peak_device_bytes": attrs["peak_device_bytes"],
+        "step_time_ms": step_ms,
+        "runs": len(runs),
+        "trial_step_time_ms": attrs["step_time_ms"],
+        "peak_phase": attrs.get("peak_phase"),
+        "slowdown": pin_step_time_ms / step_ms - 1.0,
+    }
+
+
 def build_pin(
     *,
     search: SearchSpec,
@@ -119,35 +193,45 @@ def build_pin(
     baseline: Mapping[str, Any] | None,
     trials: int,
     baseline_results: Sequence[TrialResult] = (),
+    baseline_status: str = "ok",
+    full_ac: Mapping[str, Any] | None = None,
+    full_ac_results: Sequence[TrialResult] = (),
 ) -> dict[str, Any]:
     """The pinned-config document (schema version 1, DESIGN.md §3).
 
     Args:
         baseline: user attrs of the unconstrained baseline's trial (None: not measured).
-        baseline_results: fresh re-measurements of that baseline; when some succeeded, its
-            step time is their median (``runs`` says how many), like the pin's, and the trial's
-            own figure stays as ``trial_step_time_ms``; else the trial's figure is used.
+        baseline_results: fresh re-measurements of that baseline (see `reference_figures`).
+        baseline_status: ``ok``, ``over_limit`` (measured, but it does not fit), or the
+            outcome that kept it from being measured (``oom``, ``crashed``...).
+        full_ac: user attrs of the full block AC baseline's trial, given when the unconstrained
+            baseline cannot be run under the limit: then full AC is the user's real
+            alternative, and the pin's slowdown against it is reported as ``full_ac``.
+        full_ac_results: its fresh re-measurements.
     """
     measured = _figures(reverify_results, search.mem_metric)
     first = reverify_results[0]
-    baseline_doc = None
-    if baseline is not None:
-        remeasured = [r.measurement for r in baseline_results if r.measurement is not None]
-        step_ms = (
-            statistics.median(m.step_time_ms for m in remeasured)
-            if remeasured
-            else baseline["step_time_ms"]
-        )
-        baseline_doc = {
-            "spec": baseline["spec"],
-            "peak_bytes": baseline[f"peak_{search.mem_metric}_bytes"],
-            "peak_device_bytes": baseline["peak_device_bytes"],
-            "step_time_ms": step_ms,
-            "runs": len(remeasured),
-            "trial_step_time_ms": baseline["step_time_ms"],
-            "peak_phase": baseline.get("peak_phase"),
-            "slowdown": measured["step_time_ms"] / step_ms - 1.0,
-        }
+    baseline_doc = reference_figures(
+        baseline,
+        baseline_results,
+        mem_metric=search.mem_metric,
+        pin_step_time_ms=measured["step_time_ms"],
+    )
+    full_ac_doc = reference_figures(
+        full_ac,
+        full_ac_results,
+        mem_metric=search.mem_metric,
+        pin_step_time_ms=measured["step_time_ms"],
+    )
+    advice = [
+        phase_advice(measured["peak_phase"]),
+        allocator_advice(
+            peak_allocated_bytes=measured["peak_allocated_worst_bytes"],
+            peak_reserved_bytes=measured["peak_reserved_worst_bytes"],
+            mem_metric=search.mem_metric,
+            alloc_conf=candidate.spec.cuda_alloc_conf,
+        ),
+    ]
     return {
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -162,8 +246,10 @@ def build_pin(
         "mem_metric": search.mem_metric,
         "margin": search.margin,
         "measured": measured,
-        "advice": phase_advice(measured["peak_phase"]),
+        "advice": "; ".join(a for a in advice if a),
         "baseline": baseline_doc,
+        "baseline_status": baseline_status,
+        "full_ac": full_ac_doc,
         "fingerprint": {
             "torch_version": first.torch_version,
             "cuda_version": first.cuda_version,
@@ -232,7 +318,7 @@ class PinnedConfig:
 
         Warns with `StalePinWarning` when the parameter count differs from the pinned workload.
         """
-        from budgettune.recompute import apply_to_model
+        from budgettune.trial.recompute import apply_to_model
         from budgettune.workload import find_blocks
 
         expected = (self.fingerprint.get("workload") or {}).get("param_count")
@@ -250,7 +336,7 @@ class PinnedConfig:
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The same optimizer rebuilt with the pinned implementation flag (as written: itself)."""
-        from budgettune.recompute import rebuild_optimizer
+        from budgettune.trial.recompute import rebuild_optimizer
 
         return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
 

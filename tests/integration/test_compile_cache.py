@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from budgettune.launcher import launch_trial
-from budgettune.results import TrialOutcome
-from budgettune.spec import TrialRun, TrialSpec
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.results import TrialOutcome
+from budgettune.trial.spec import TrialRun, TrialSpec
 
 ADDED = ("aten.mm", "aten.addmm", "aten._scaled_dot_product_flash_attention_for_cpu")
 

@@ -1,4 +1,4 @@
-"""`budgettune.dashboard.serve` in a real process, rendered by headless Chromium.
+"""`budgettune.present.dashboard.serve` in a real process, rendered by headless Chromium.
 
 The dashboard is a React app: the plot and the note exist only after its JavaScript ran, so the
 test reads the DOM Chromium dumps (``--dump-dom``) after a virtual-time budget. Chromium is
@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from budgettune import dashboard
+from budgettune.present import dashboard
+from budgettune.present.dashboard_views import PLOT_ID
+from budgettune.search.publish import publish_views
 from budgettune.storage import open_storage
 from fixtures.dashboard_study import PIN_TRIAL, SampleStudy, make_study
 
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "dashboard.png"
 SERVE = (
     "import sys\n"
-    "from budgettune.dashboard import serve\n"
+    "from budgettune.present.dashboard import serve\n"
     "serve(sys.argv[1], host='127.0.0.1', port=0, log=lambda line: print(line, flush=True))\n"
 )
 
@@ -54,7 +56,7 @@ def chromium() -> str:
 def sample(tmp_path: Path) -> SampleStudy:
     sample = make_study(tmp_path / "budgettune.db")
     with open_storage(sample.url, create=False) as store:
-        dashboard.publish_views(store, sample.study_name)
+        publish_views(store, sample.study_name)
     return sample
 
 
@@ -146,7 +148,7 @@ def test_plot_and_note_render_and_writes_are_refused(
     assert json.loads(refused.value.read())["reason"] == dashboard.READ_ONLY_REASON
 
     dom = finish(main)
-    start = dom.find(f'id="user-defined-plot:{dashboard.PLOT_ID}"')
+    start = dom.find(f'id="user-defined-plot:{PLOT_ID}"')
     assert start >= 0, "our plot's container is not on the study page"
     plot = dom[start:]
     assert 'class="main-svg"' in plot, "plotly did not draw our figure"

@@ -83,7 +83,20 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
             conn.execute("select kind, count(*) from bt_measurements group by kind").fetchall()
         )
         pins = conn.execute("select count(*) from bt_pins").fetchone()[0]
-    assert kinds["trial"] == 8 and kinds["reverify"] == 4 + 2 and pins == 1
+        per_trial = dict(
+            conn.execute(
+                "select trial_number, count(*) from bt_measurements where kind = 'reverify'"
+                " group by trial_number"
+            ).fetchall()
+        )
+    assert kinds["trial"] == 8 and pins == 1
+    # re-measured twice each: the top-2 candidates, the unconstrained baseline (trial 0) and, as
+    # that baseline is over the limit, full block AC (trial 1), the reference the slowdown is
+    # told against (its runs are shared when it is itself a candidate)
+    assert pin["baseline_status"] == "over_limit" and pin["full_ac"]["runs"] == 2
+    assert sum(per_trial.values()) == kinds["reverify"]
+    assert set(per_trial.values()) == {2}
+    assert {0, 1, pin["trial_number"]} <= set(per_trial) and len(per_trial) <= 4
 
     # running it again adds trials to the same study
     again = _invoke(
@@ -176,7 +189,7 @@ def test_interrupted_search_keeps_finished_trials_and_resumes(tmp_path: Path) ->
     assert complete_before >= 1
     # no orphaned trial process
     leftover = subprocess.run(
-        ["pgrep", "-f", f"budgettune.trial_worker {tmp_path}"], capture_output=True, text=True
+        ["pgrep", "-f", f"budgettune.trial.worker {tmp_path}"], capture_output=True, text=True
     )
     assert leftover.stdout.strip() == ""
     # resume: a second run adds trials to the same study

@@ -7,8 +7,6 @@ import psycopg
 import pytest
 
 from budgettune.errors import SchemaAheadError, SchemaBehindError
-from budgettune.results import Measurement, TrialOutcome, TrialResult
-from budgettune.spec import TrialSpec
 from budgettune.storage import (
     HEAD_REVISION,
     VERSION_TABLE,
@@ -17,6 +15,8 @@ from budgettune.storage import (
     study_names,
     upgrade,
 )
+from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialSpec
 
 pytestmark = pytest.mark.postgres
 

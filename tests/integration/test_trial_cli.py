@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
+
+# The console script beside the interpreter running the tests: the venv need not be activated
+# (a bare `budgettune` from PATH is found only when it is).
+BUDGETTUNE = str(Path(sys.executable).parent / "budgettune")
 
 
 def _trial(tmp_path: Path, budget: str) -> dict:
     out = subprocess.run(
-        ["budgettune", "trial", "--workload", "builtin:tiny-gpt", "--budget", budget, "--json"],
+        [BUDGETTUNE, "trial", "--workload", "builtin:tiny-gpt", "--budget", budget, "--json"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

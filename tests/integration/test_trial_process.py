@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from budgettune.launcher import launch_trial
-from budgettune.results import TrialOutcome
-from budgettune.spec import TrialRun, TrialSpec
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.results import TrialOutcome
+from budgettune.trial.spec import TrialRun, TrialSpec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "faulty_workloads.py"
 FAST = TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1, timed_steps=2)
@@ -80,9 +80,9 @@ def test_parent_never_imports_torch(tmp_path: Path) -> None:
     """The launcher and CLI modules measure a trial without torch in the parent process."""
     code = f"""
 import sys
-from budgettune.launcher import launch_trial
-from budgettune.spec import TrialRun, TrialSpec
-import budgettune.cli, budgettune.workload, budgettune.results
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.spec import TrialRun, TrialSpec
+import budgettune.cli, budgettune.workload, budgettune.trial.results
 run = TrialRun(spec=TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1,
                timed_steps=1), workload="{FIXTURES}:raises", device="cpu")
 result = launch_trial(run, run_dir={str(tmp_path / "t")!r}, timeout_s=120)
@@ -102,7 +102,7 @@ def test_unreadable_spec_file_gives_crashed_result(tmp_path: Path) -> None:
     spec.write_text("{not json")
     result_path = tmp_path / "RESULT.json"
     subprocess.run(
-        [sys.executable, "-m", "budgettune.trial_worker", str(spec), str(result_path)],
+        [sys.executable, "-m", "budgettune.trial.worker", str(spec), str(result_path)],
         check=True,
         capture_output=True,
         timeout=120,

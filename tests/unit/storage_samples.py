@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from budgettune.results import Measurement, TrialOutcome, TrialResult
-from budgettune.spec import TrialSpec
+from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialSpec
 
 FINGERPRINT: dict[str, Any] = {
     "param_count": 1_234_567,

@@ -7,14 +7,14 @@ import json
 import pytest
 
 from budgettune.errors import SpecError, UsageError
-from budgettune.results import (
+from budgettune.trial.results import (
     Measurement,
     TrialOutcome,
     TrialResult,
     read_result,
     write_result_atomically,
 )
-from budgettune.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialRun, TrialSpec
 from budgettune.units import format_bytes, parse_bytes
 
 

@@ -1,4 +1,4 @@
-"""`budgettune.dashboard`: optuna-dashboard read-only unless asked, and our views pushed into it.
+"""`budgettune.present.dashboard`: optuna-dashboard read-only unless asked, and our views in it.
 
 Real SQLite files in tmp_path, the real optuna-dashboard WSGI app called directly, and once
 through a real threaded server on a free port.
@@ -24,8 +24,10 @@ import optuna
 import optuna_dashboard
 import pytest
 
-from budgettune import dashboard
 from budgettune.errors import StorageError, StudyNotFoundError, UsageError
+from budgettune.present import dashboard
+from budgettune.present.dashboard_views import PLOT_ID
+from budgettune.search.publish import publish_views
 from budgettune.storage import open_storage
 from fixtures.dashboard_study import LIMIT_BYTES, PIN_TRIAL, SampleStudy, make_study
 
@@ -231,7 +233,7 @@ def study_detail(sample: SampleStudy) -> dict[str, Any]:
 
 def publish(sample: SampleStudy) -> None:
     with open_storage(sample.url, create=False) as store:
-        dashboard.publish_views(store, sample.study_name)
+        publish_views(store, sample.study_name)
 
 
 def test_publish_views_puts_note_and_plot_into_the_study_page(sample: SampleStudy) -> None:
@@ -248,7 +250,7 @@ def test_publish_views_puts_note_and_plot_into_the_study_page(sample: SampleStud
     assert "3 fit, 3 measured over the limit, 1 OOM, 1 crashed or timed out" in note
 
     [graph] = detail["plotly_graph_objects"]
-    assert graph["id"] == dashboard.PLOT_ID
+    assert graph["id"] == PLOT_ID
     figure = json.loads(graph["graph_object"])
     traces = {trace["name"]: trace for trace in figure["data"]}
     assert set(traces) == {
@@ -297,7 +299,7 @@ def test_publish_views_before_any_pin(tmp_path: Path) -> None:
 def test_publish_views_of_an_unknown_study(sample: SampleStudy) -> None:
     with open_storage(sample.url, create=False) as store:
         with pytest.raises(StudyNotFoundError, match="no-such-study"):
-            dashboard.publish_views(store, "no-such-study")
+            publish_views(store, "no-such-study")
 
 
 # ------------------------------------------------------------------------------ the server
@@ -356,7 +358,7 @@ def test_dashboard_reads_while_a_search_writes(served: str, sample: SampleStudy)
                 trial = study.ask()
                 trial.set_user_attr("outcome", "ok")
                 study.tell(trial, 50.0 + number)
-            dashboard.publish_views(store, sample.study_name)
+            publish_views(store, sample.study_name)
     finally:
         stop.set()
         for thread in readers:

@@ -6,7 +6,7 @@ import pytest
 
 from budgettune.cli import parse_options
 from budgettune.errors import DeviceUnavailableError, UsageError
-from budgettune.launcher import check_device_available, cuda_device_count, visible_device_env
+from budgettune.trial.launcher import check_device_available, cuda_device_count, visible_device_env
 
 
 def test_visible_device_env_pins_one_gpu(monkeypatch) -> None:
@@ -21,7 +21,7 @@ def test_visible_device_env_pins_one_gpu(monkeypatch) -> None:
 
 
 def test_cuda_on_a_machine_without_one_is_refused(monkeypatch) -> None:
-    import budgettune.launcher as launcher
+    import budgettune.trial.launcher as launcher
 
     assert isinstance(cuda_device_count(), int)  # the real NVML probe never raises
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from recompute_models import tiny_lm_workload
 
-from budgettune import measure, recompute
-from budgettune.results import PHASES
-from budgettune.spec import TrialSpec
+from budgettune.trial import measure, recompute
+from budgettune.trial.results import PHASES
+from budgettune.trial.spec import TrialSpec
 
 CPU = torch.device("cpu")
 

@@ -14,7 +14,7 @@ import torch
 import budgettune
 from budgettune.errors import PinnedConfigError
 from budgettune.pinning import StalePinWarning, write_pin
-from budgettune.spec import TrialSpec
+from budgettune.trial.spec import TrialSpec
 from budgettune.workloads.tiny_gpt import build
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_pinned.py"
@@ -117,8 +117,8 @@ def _timed(ms: float):
 
 def test_pin_slowdown_uses_the_re_measured_baseline_median() -> None:
     from budgettune.pinning import Candidate, build_pin
-    from budgettune.search_space import SearchSpace
-    from budgettune.spec import SearchSpec
+    from budgettune.search.space import SearchSpace
+    from budgettune.search.spec import SearchSpec
 
     search = SearchSpec(
         workload="builtin:tiny-gpt",

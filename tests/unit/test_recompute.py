@@ -10,9 +10,9 @@ import torch._functorch.config as functorch_config
 import torch._functorch.partitioners as partitioners
 from recompute_models import tiny_lm_workload
 
-from budgettune import recompute
 from budgettune.errors import SpecError
-from budgettune.spec import TrialRun, TrialSpec
+from budgettune.trial import block_ac, recompute
+from budgettune.trial.spec import TrialRun, TrialSpec
 
 CPU = torch.device("cpu")
 FAST = {"compile_backend": "aot_eager_decomp_partition"}
@@ -161,17 +161,17 @@ def test_adding_mm_saves_less_and_does_not_leak(baseline: tuple[int, int]) -> No
 
 
 def test_apply_block_ac_wraps_every_kth_block() -> None:
-    assert recompute.apply_block_ac(tiny_lm_workload().blocks, 0, "full") == 0
-    assert recompute.apply_block_ac(tiny_lm_workload().blocks, 1, "full") == 4
+    assert block_ac.apply_block_ac(tiny_lm_workload().blocks, 0, "full") == 0
+    assert block_ac.apply_block_ac(tiny_lm_workload().blocks, 1, "full") == 4
     blocks = tiny_lm_workload().blocks
-    assert recompute.apply_block_ac(blocks, 2, "op") == 2
-    assert [hasattr(b, recompute._BLOCK_AC_MARK) for b in blocks] == [False, True, False, True]
-    assert recompute.apply_block_ac(tiny_lm_workload().blocks, 3, "full") == 1
-    assert recompute.apply_block_ac(tiny_lm_workload().blocks, 5, "full") == 0
+    assert block_ac.apply_block_ac(blocks, 2, "op") == 2
+    assert [hasattr(b, block_ac._BLOCK_AC_MARK) for b in blocks] == [False, True, False, True]
+    assert block_ac.apply_block_ac(tiny_lm_workload().blocks, 3, "full") == 1
+    assert block_ac.apply_block_ac(tiny_lm_workload().blocks, 5, "full") == 0
     with pytest.raises(SpecError, match="already wrapped"):
-        recompute.apply_block_ac(blocks, 1, "full")
+        block_ac.apply_block_ac(blocks, 1, "full")
     with pytest.raises(SpecError, match="block_ac_policy"):
-        recompute.apply_block_ac(blocks, 1, "selective")
+        block_ac.apply_block_ac(blocks, 1, "selective")
 
 
 def test_block_ac_saves_less_under_compile(baseline: tuple[int, int]) -> None:
@@ -186,7 +186,7 @@ def test_block_ac_saves_less_under_compile(baseline: tuple[int, int]) -> None:
 def test_block_ac_keeps_gradients_eagerly(policy: str) -> None:
     def grads(every: int) -> list[torch.Tensor]:
         workload = tiny_lm_workload(layers=2)
-        recompute.apply_block_ac(workload.blocks, every, policy)
+        block_ac.apply_block_ac(workload.blocks, every, policy)
         workload.loss(workload.model, workload.batch).backward()
         return [p.grad for p in workload.model.parameters()]
 
@@ -198,7 +198,7 @@ def test_prepare_finds_blocks_and_requires_them() -> None:
     workload = tiny_lm_workload(blocks=False)
     spec = TrialSpec(block_ac_every=1, compile_mode="eager")
     step = recompute.prepare(workload, spec, CPU)
-    assert all(hasattr(b, recompute._BLOCK_AC_MARK) for b in step.model.layers)
+    assert all(hasattr(b, block_ac._BLOCK_AC_MARK) for b in step.model.layers)
     flat = tiny_lm_workload(blocks=False)
     flat.model.layers = torch.nn.Sequential(*flat.model.layers)  # no ModuleList any more
     with pytest.raises(SpecError, match="repeated blocks"):
@@ -286,7 +286,7 @@ def test_apply_to_model_scopes_settings_per_call(monkeypatch: pytest.MonkeyPatch
     torch.testing.assert_close(loss, expected)
     assert budgets and set(budgets) == {0.4}
     assert functorch_config.activation_memory_budget == 1.0
-    assert hasattr(workload.model.layers[1], recompute._BLOCK_AC_MARK)
+    assert hasattr(workload.model.layers[1], block_ac._BLOCK_AC_MARK)
     eager = recompute.apply_to_model(torch.nn.Linear(2, 2), TrialSpec(compile_mode="eager"))
     assert isinstance(eager, torch.nn.Linear)
 

@@ -12,11 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.report")
 
 
 def _record(label: str, peak: float | None, ms: float = 10.0) -> dict:

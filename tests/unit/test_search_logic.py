@@ -7,23 +7,20 @@ import pytest
 
 from budgettune.errors import StudyFileError, UsageError
 from budgettune.pinning import Candidate, choose_pin, parse_pin, phase_advice
-from budgettune.results import Measurement, TrialOutcome, TrialResult
-from budgettune.search import (
-    baseline_specs,
-    check_numerics,
-    default_study_name,
-    numerics_tolerance,
-)
-from budgettune.search_space import (
+from budgettune.present.report import TrialRow, pareto_front
+from budgettune.search.numerics import check_numerics, numerics_tolerance
+from budgettune.search.space import (
     OP_LIST_MIN_BUDGET,
     SearchSpace,
     parse_fixed,
     spec_params,
     suggest_spec,
 )
-from budgettune.spec import SearchSpec, TrialSpec
-from budgettune.study_file import build_search_spec, merge, read_study_file
-from budgettune.study_report import TrialRow, pareto_front
+from budgettune.search.spec import SearchSpec
+from budgettune.search.study import baseline_specs, default_study_name
+from budgettune.search.study_file import build_search_spec, merge, read_study_file
+from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

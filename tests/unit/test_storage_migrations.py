@@ -12,7 +12,6 @@ from alembic.runtime.migration import MigrationContext
 from storage_samples import SPEC, ok_result
 
 from budgettune.errors import SchemaAheadError, SchemaBehindError
-from budgettune.results import TrialOutcome
 from budgettune.storage import (
     HEAD_REVISION,
     VERSION_TABLE,
@@ -24,6 +23,7 @@ from budgettune.storage import (
 )
 from budgettune.storage import engine as storage_engine
 from budgettune.storage.models import Base
+from budgettune.trial.results import TrialOutcome
 
 REV0001_DB = Path(__file__).parents[1] / "data" / "budgettune-rev0001.db"
 

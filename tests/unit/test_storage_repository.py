@@ -10,8 +10,6 @@ import optuna
 import pytest
 from storage_samples import FINGERPRINT, SPEC, crashed_result, ok_result
 
-from budgettune.results import TrialOutcome
-from budgettune.spec import TrialSpec
 from budgettune.storage import (
     HEAD_REVISION,
     Storage,
@@ -19,6 +17,8 @@ from budgettune.storage import (
     open_storage,
     study_names,
 )
+from budgettune.trial.results import TrialOutcome
+from budgettune.trial.spec import TrialSpec
 
 
 @pytest.fixture

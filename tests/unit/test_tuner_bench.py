@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,7 @@ T0 = datetime(2026, 11, 22, 3, 0, 0)
 
 
 def _tuner():
-    spec = importlib.util.spec_from_file_location("tuner_bench", ROOT / "benchmarks" / "tuner.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.tuner")
 
 
 def _grid(label: str, gb: float, ms: float, **spec: Any) -> dict[str, Any]:
@@ -145,10 +139,7 @@ def test_record_of_a_search() -> None:
     assert row["total_wall_s"] == 300.0
     assert row["pin"]["config"].startswith("budget 0.70") and row["pin"]["runs"] == 5
     # the README renders it
-    spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
-    assert spec is not None and spec.loader is not None
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = importlib.import_module("benchmarks.report")
     row["date"] = pin["created_at"]
     text = report.tuner_table([row])
     assert "| L1 | 16.50 | budget 0.70" in text

@@ -20,14 +20,7 @@ T0 = datetime(2026, 11, 22, 2, 31, 0)
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "workers_rate", ROOT / "benchmarks" / "workers_rate.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.workers_rate")
 
 
 def _trial(number: int, start_s: float, end_s: float | None, worker: str | None):
@@ -96,10 +89,9 @@ def test_main_prints_one_row_per_study(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_main_refuses_a_missing_storage_in_one_line(tmp_path: Path) -> None:
-    script = ROOT / "benchmarks" / "workers_rate.py"
     out = subprocess.run(
-        [sys.executable, str(script), f"sqlite:///{tmp_path}/none.db"],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "benchmarks.workers_rate", f"sqlite:///{tmp_path}/none.db"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [

@@ -7,11 +7,12 @@ import sys
 import optuna
 import pytest
 
-from budgettune import workers
 from budgettune.errors import DeviceUnavailableError, UsageError
-from budgettune.search_space import SearchSpace
-from budgettune.spec import SearchSpec, TrialSpec
-from budgettune.trial_target import NextStep, count_trials
+from budgettune.search import workers
+from budgettune.search.space import SearchSpace
+from budgettune.search.spec import SearchSpec
+from budgettune.search.target import NextStep, count_trials
+from budgettune.trial.spec import TrialSpec
 
 State = optuna.trial.TrialState
 

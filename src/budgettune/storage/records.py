@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from budgettune.results import Measurement, TrialOutcome, TrialResult
-from budgettune.spec import TrialSpec
 from budgettune.storage.models import MeasurementRow, WorkloadRow
+from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

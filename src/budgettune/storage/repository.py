@@ -18,8 +18,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from budgettune.errors import StorageError
-from budgettune.results import TrialResult
-from budgettune.spec import TrialSpec
 from budgettune.storage.engine import display_url, one_line
 from budgettune.storage.models import (
     MEASUREMENT_KINDS,
@@ -35,6 +33,8 @@ from budgettune.storage.records import (
     stored_measurement,
     stored_workload,
 )
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialSpec
 
 
 class Storage:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import StudyFileError, UsageError
-from budgettune.search_space import SearchSpace
-from budgettune.spec import SearchSpec, TrialSpec
+from budgettune.search.space import SearchSpace
+from budgettune.search.spec import SearchSpec
+from budgettune.trial.spec import TrialSpec
 from budgettune.units import parse_bytes
 
 if sys.version_info >= (3, 11):
@@ -40,7 +41,7 @@ TOP_KEYS = {
     "storage": "SQLAlchemy URL or SQLite path",
     "top_k": "configurations re-verified",
     "reverify": "re-measurements per configuration",
-    "margin": "safety margin on the worst re-measured peak",
+    "margin": "fits when peak x (1 + margin) is within max_mem (search, re-verification, pin)",
     "timeout": "seconds per trial",
     "runs_dir": "folder for trial logs and caches",
     "compile_cache": "reuse compiled code per partition variant",
@@ -124,7 +125,7 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
     Raises:
         UsageError: a missing limit, a bad size, an invalid space or value.
     """
-    from budgettune.search import default_study_name
+    from budgettune.search.study import default_study_name
 
     workload = values.get("workload", "builtin:tiny-gpt")
     device = values.get("device") or default_device

@@ -6,7 +6,7 @@
 A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
 it), so it needs only the study name and the storage. Each worker runs one trial at a time on
 its device; ``--gpus`` starts one ``budgettune worker --device cuda:N`` process per GPU, so
-no GPU ever runs two trials. What counts toward the target: `budgettune.trial_target`.
+no GPU ever runs two trials. What counts toward the target: `budgettune.search.target`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ from budgettune.errors import (
     UsageError,
     WorkerFailedError,
 )
-from budgettune.launcher import check_device_available, cuda_device_count, die_with_parent
-from budgettune.search import (
-    HEARTBEAT_INTERVAL_S,
-    SPEC_ATTR,
-    Searcher,
-    SearchObserver,
-)
-from budgettune.spec import DEVICE_PATTERN, SearchSpec
+from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
+from budgettune.search.spec import SearchSpec
+from budgettune.search.study import HEARTBEAT_ATTR, SPEC_ATTR, SearchObserver
 from budgettune.storage.coordination import database_errors
+from budgettune.trial.launcher import check_device_available, cuda_device_count, die_with_parent
+from budgettune.trial.spec import DEVICE_PATTERN
 from budgettune.workload import check_reference
 
 logger = logging.getLogger(__name__)
@@ -64,8 +61,8 @@ class WorkerJob:
     """Run at most this many trials; None: until the study's target is met."""
     runs_dir: str | None = None
     """Where trial logs and compile caches go; None: the study's (relative to the cwd)."""
-    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
-    """Optuna trial heartbeat; a trial silent for twice this is failed and retried once."""
+    heartbeat_interval_s: int | None = None
+    """Optuna trial heartbeat; None: the study's (every process of a study beats alike)."""
 
     def __post_init__(self) -> None:
         if not self.study_name.strip():
@@ -74,7 +71,7 @@ class WorkerJob:
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.max_trials is not None and self.max_trials < 1:
             raise UsageError(f"--trials must be at least 1, got {self.max_trials}")
-        if self.heartbeat_interval_s < 1:
+        if self.heartbeat_interval_s is not None and self.heartbeat_interval_s < 1:
             raise UsageError(f"--heartbeat-s must be at least 1, got {self.heartbeat_interval_s}")
 
 
@@ -116,7 +113,9 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
     if job.device is not None:
         check_device_available(job.device)
     store = storage_mod.open_storage(
-        job.storage_url, create=False, heartbeat_interval_s=job.heartbeat_interval_s
+        job.storage_url,
+        create=False,
+        heartbeat_interval_s=job.heartbeat_interval_s or HEARTBEAT_INTERVAL_S,
     )
     with database_errors(store.url):
         names = store.study_names()
@@ -129,6 +128,15 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
         attrs = optuna.load_study(
             study_name=job.study_name, storage=store.optuna_storage
         ).user_attrs
+    heartbeat_s = int(attrs.get(HEARTBEAT_ATTR, HEARTBEAT_INTERVAL_S))
+    if job.heartbeat_interval_s is not None and job.heartbeat_interval_s != heartbeat_s:
+        raise UsageError(
+            f"study {job.study_name!r} uses a trial heartbeat of {heartbeat_s} s, set when it "
+            f"was created; every worker of a study must beat alike (a faster stale-trial check "
+            f"fails slower workers' live trials): drop --heartbeat-s {job.heartbeat_interval_s}"
+        )
+    # The running trial beats, and stale trials are judged, at the study's interval.
+    store.optuna_storage.heartbeat_interval = heartbeat_s
     stored = attrs.get(SPEC_ATTR)
     if stored is None:
         raise UsageError(

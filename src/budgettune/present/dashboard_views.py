@@ -2,8 +2,9 @@
 
 Both travel through optuna-dashboard's own Python API as study system attrs: the figure with
 `optuna_dashboard.save_plotly_graph_object` under a fixed id (`PLOT_ID`), so a new publish
-replaces it, and the note with `optuna_dashboard.save_note`. The search calls `publish_views`
-after each trial batch; the dashboard (`budgettune.dashboard`) only reads them.
+replaces it, and the note with `optuna_dashboard.save_note`. The search calls
+`budgettune.search.publish.publish_views` after each trial batch; the dashboard
+(`budgettune.present.dashboard`) only reads them.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-import optuna_dashboard
 import plotly.graph_objects as go
 
-from budgettune import storage as storage_mod
-from budgettune.errors import StorageError, StudyNotFoundError
 from budgettune.pinning import phase_advice
-from budgettune.spec import TrialSpec
-from budgettune.study_trials import BASELINE_ATTR, is_feasible
+from budgettune.storage.trials import BASELINE_ATTR, is_feasible
+from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -220,13 +218,16 @@ def study_note(
     with its peak against the limit, step time, slowdown and the optimizer-phase advice."""
     metric = search.get("mem_metric", "device")
     limit = int(search.get("max_mem_bytes", 0))
+    margin = float(search.get("margin", 0.0))
     counts = {kind: sum(p.kind == kind for p in points) for kind in (FEASIBLE, INFEASIBLE, OOM)}
     lines = [
         f"## budgettune: {study_name}",
         "",
         f"Workload `{search.get('workload', '?')}`, limit **{format_bytes(limit)}** on peak "
-        f"{metric} memory. Trials: {counts[FEASIBLE]} fit, {counts[INFEASIBLE]} measured over "
-        f"the limit, {counts[OOM]} OOM, {num_failed} crashed or timed out.",
+        f"{metric} memory; a configuration fits when its peak x {1 + margin:.2f} (the "
+        f"{margin:.0%} margin) is within it. Trials: {counts[FEASIBLE]} fit, "
+        f"{counts[INFEASIBLE]} measured over the limit, {counts[OOM]} OOM, {num_failed} "
+        "crashed or timed out.",
         "",
     ]
     if pin is not None:
@@ -236,13 +237,26 @@ def study_note(
             f", {peak / pin['limit_bytes'] * 100:.1f}% of the limit" if pin["limit_bytes"] else ""
         )
         baseline = pin.get("baseline")
+        status = pin.get("baseline_status", "ok")
         if baseline:
             slowdown = (
                 f"{baseline['slowdown'] * 100:+.1f}% ({baseline['step_time_ms']:.2f} ms at "
-                f"budget 1.0, peak {format_bytes(baseline['peak_bytes'])})"
+                f"budget 1.0, peak {format_bytes(baseline['peak_bytes'])}"
+                + (", which does not fit)" if status == "over_limit" else ")")
             )
+        elif status not in ("ok", "missing"):
+            slowdown = f"none: the unconstrained baseline cannot run ({status})"
         else:
             slowdown = "unknown: the unconstrained baseline was not measured"
+        full_ac = pin.get("full_ac")
+        vs_full_ac = (
+            [
+                f"| slowdown vs full block AC | {full_ac['slowdown'] * 100:+.1f}% "
+                f"({full_ac['step_time_ms']:.2f} ms, peak {format_bytes(full_ac['peak_bytes'])}) |"
+            ]
+            if full_ac
+            else []
+        )
         lines += [
             f"### Current pin: trial {pin['trial_number']}",
             "",
@@ -255,6 +269,7 @@ def study_note(
             f"| limit | {format_bytes(pin['limit_bytes'])} ({pin['mem_metric']}) |",
             f"| step time (median) | {measured['step_time_ms']:.2f} ms |",
             f"| slowdown vs unconstrained | {slowdown} |",
+            *vs_full_ac,
             "",
         ]
         advice = pin.get("advice", "")
@@ -275,44 +290,3 @@ def study_note(
         "memory × time plot is on the study's main page._"
     )
     return "\n".join(lines) + "\n"
-
-
-def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
-    """Push budgettune's views of a study into its optuna-dashboard page.
-
-    Writes the memory × time scatter (graph object `PLOT_ID`) and the study note; calling it
-    again replaces both.
-
-    Args:
-        storage: the open study storage.
-        study_name: the study.
-
-    Raises:
-        StudyNotFoundError: no such study in the storage.
-        StorageError: the storage could not be written.
-    """
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
-    except KeyError:
-        raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
-    search = study.user_attrs.get("search", {})
-    metric = search.get("mem_metric", "device")
-    trials = study.get_trials(deepcopy=False)
-    points = trial_points(trials, metric)
-    num_failed = sum(t.user_attrs.get("outcome") in ("crashed", "timeout") for t in trials)
-    pin = storage.latest_pin(study_name)
-    figure = memory_time_figure(
-        points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin
-    )
-    note = study_note(
-        study_name=study_name, search=search, points=points, num_failed=num_failed, pin=pin
-    )
-    try:
-        optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=PLOT_ID)
-        optuna_dashboard.save_note(study, note)
-    except optuna.exceptions.StorageInternalError as exc:
-        raise StorageError(
-            f"storage {storage.display_url}: cannot publish the dashboard views of "
-            f"{study_name!r}: {exc}"
-        ) from exc
-    logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))

@@ -1,11 +1,11 @@
 """optuna-dashboard over the study storage, read-only unless asked, with budgettune's views in it.
 
-    publish_views(store, "tiny-gpt-20GB")       # the search calls this after each trial batch
     app = make_app(url, allow_writes=False)     # WSGI: reads work, every write gets a 403
     serve(url, host="127.0.0.1", port=8080)     # `budgettune dashboard`; blocks until Ctrl-C
 
-The views (memory × time scatter, study note) are built in `budgettune.dashboard_views` and
-stored through optuna-dashboard's own Python API, so any optuna-dashboard shows them.
+The views (memory × time scatter, study note) are built in `budgettune.present.dashboard_views`
+and written by the search (`budgettune.search.publish`) through optuna-dashboard's own Python
+API, so any optuna-dashboard shows them; this module only serves them.
 """
 
 from __future__ import annotations
@@ -21,21 +21,18 @@ from wsgiref.simple_server import make_server as _wsgiref_server
 import optuna_dashboard
 
 from budgettune import storage as storage_mod
-from budgettune.dashboard_views import PLOT_ID, publish_views
 from budgettune.errors import UsageError
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = [
-    "PLOT_ID",
     "READ_ONLY_REASON",
     "SAFE_METHODS",
     "DashboardApp",
     "describe_server",
     "make_app",
     "make_server",
-    "publish_views",
     "serve",
 ]
 

@@ -123,6 +123,9 @@ class TrialResult:
     """Wall time of the whole child process as seen by the parent."""
     workload_fingerprint: Mapping[str, Any] | None = None
     """`workload.WorkloadFingerprint.to_json_dict()` of the workload the child built."""
+    failed_stage: str = ""
+    """``workload`` when the workload itself could not be imported, built or validated (before
+    any knob was applied: every configuration would fail alike); else empty."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", TrialOutcome(self.outcome))
@@ -143,6 +146,7 @@ class TrialResult:
             "workload_fingerprint": (
                 None if self.workload_fingerprint is None else dict(self.workload_fingerprint)
             ),
+            "failed_stage": self.failed_stage,
         }
 
     @classmethod

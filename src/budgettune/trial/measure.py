@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from budgettune.results import PHASES, Measurement
+from budgettune.trial.results import PHASES, Measurement
 
 if TYPE_CHECKING:
     import torch
 
-    from budgettune.recompute import PreparedStep
-    from budgettune.spec import TrialSpec
+    from budgettune.trial.recompute import PreparedStep
+    from budgettune.trial.spec import TrialSpec
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,24 @@ from typing import Any
 
 import optuna
 
-from budgettune.pinning import Candidate
-from budgettune.spec import TrialSpec
+from budgettune.pinning import Candidate, fits_limit
+from budgettune.trial.spec import TrialSpec
 
 BASELINE_ATTR = "baseline"
 """User attr naming an enqueued baseline (``unconstrained``, ``block-ac-every-1``, ...)."""
 UNCONSTRAINED = "unconstrained"
 """The baseline every slowdown and numerics check refers to (budget 1.0, optimizer as written)."""
+FULL_AC = "block-ac-every-1"
+"""The baseline a user picks by hand when the unconstrained one does not fit: full block AC."""
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    """Complete, measured ``ok`` and at or under the limit (Optuna constraint ≤ 0)."""
+    """Complete, measured ``ok`` and fitting the limit with the margin (constraint ≤ 0).
+
+    The search stores the constraint with `budgettune.pinning.margin_violation_bytes`, so this
+    is the same "fits" as the pin's; since the margin-aware search, trials that do not fit are
+    PRUNED rather than COMPLETE (Optuna's own "best trial" is then the fastest that fits).
+    """
     return (
         trial.state == optuna.trial.TrialState.COMPLETE
         and trial.user_attrs.get("outcome") == "ok"
@@ -87,3 +94,41 @@ def smallest_peak(
         TrialSpec.from_json_dict(attrs["spec"]),
         attrs.get("peak_phase"),
     )
+
+
+def baseline_trial(
+    trials: Iterable[optuna.trial.FrozenTrial], label: str
+) -> optuna.trial.FrozenTrial | None:
+    """The last finished trial of the baseline named ``label`` (e.g. `FULL_AC`), or None."""
+    found = None
+    for trial in trials:
+        if trial.user_attrs.get(BASELINE_ATTR) == label and "outcome" in trial.user_attrs:
+            found = trial
+    return found
+
+
+def baseline_status(
+    trials: Iterable[optuna.trial.FrozenTrial], *, limit_bytes: int, mem_metric: str, margin: float
+) -> str:
+    """Whether the unconstrained baseline can run under the limit.
+
+    Returns:
+        ``ok``; ``over_limit`` (measured, but its peak does not fit); the outcome that kept it
+        from being measured (``oom``, ``crashed``, ...); or ``missing`` (not run yet).
+    """
+    trial = baseline_trial(trials, UNCONSTRAINED)
+    if trial is None:
+        return "missing"
+    attrs = trial.user_attrs
+    if attrs.get("outcome") != "ok" or "step_time_ms" not in attrs:
+        return str(attrs.get("outcome", "missing"))
+    peak = metric_peak(attrs, mem_metric)
+    return "ok" if fits_limit(peak, limit_bytes=limit_bytes, margin=margin) else "over_limit"
+
+
+def full_ac_step_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
+    """The full block AC baseline's step time, when it was measured ``ok``."""
+    trial = baseline_trial(trials, FULL_AC)
+    if trial is None or trial.user_attrs.get("outcome") != "ok":
+        return None
+    return trial.user_attrs.get("step_time_ms")

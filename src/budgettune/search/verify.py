@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import PinNoLongerFitsError
-from budgettune.launcher import check_device_available, launch_trial
 from budgettune.pinning import load_pinned
-from budgettune.results import TrialResult
-from budgettune.spec import TrialRun
+from budgettune.trial.launcher import check_device_available, launch_trial
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialRun
 from budgettune.units import format_bytes
 
 

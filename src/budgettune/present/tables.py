@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from budgettune.results import TrialResult
+from budgettune.trial.results import TrialResult
 from budgettune.units import format_bytes
 
 
@@ -40,7 +40,7 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
 
 def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
     """The pinned configuration and its figures."""
-    from budgettune.spec import TrialSpec
+    from budgettune.trial.spec import TrialSpec
 
     table = Table(title=title, show_header=False, box=None)
     table.add_column(style="bold")
@@ -55,14 +55,27 @@ def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
         f"(median {format_bytes(measured['peak_median_bytes'])}), set in {measured['peak_phase']}",
     )
     table.add_row("step time", f"{measured['step_time_ms']:.2f} ms (median of re-measurements)")
-    baseline = pin.get("baseline")
-    if baseline:
+    table.add_row(
+        "fits",
+        f"worst peak x {1 + pin.get('margin', 0.0):.2f} (the margin) "
+        f"= {format_bytes(int(measured['peak_worst_bytes'] * (1 + pin.get('margin', 0.0))))}"
+        f" <= {format_bytes(pin['limit_bytes'])}",
+    )
+    status = pin.get("baseline_status", "ok")
+    for key, label in (("baseline", "baseline (budget 1.0)"), ("full_ac", "full block AC")):
+        reference = pin.get(key)
+        if not reference:
+            continue
+        over = " (does not fit the limit)" if key == "baseline" and status == "over_limit" else ""
         table.add_row(
-            "baseline (budget 1.0)",
-            f"{format_bytes(baseline['peak_bytes'])}, {baseline['step_time_ms']:.2f} ms"
-            + (f" (median of {baseline['runs']} runs)" if baseline.get("runs") else ""),
+            label,
+            f"{format_bytes(reference['peak_bytes'])}, {reference['step_time_ms']:.2f} ms"
+            + (f" (median of {reference['runs']} runs)" if reference.get("runs") else "")
+            + over,
         )
-        table.add_row("slowdown", f"{baseline['slowdown'] * 100:+.1f}%")
+        table.add_row(f"vs {label}", f"{reference['slowdown'] * 100:+.1f}%")
+    if status not in ("ok", "over_limit", "missing"):
+        table.add_row("baseline (budget 1.0)", f"cannot run: {status}")
     if pin.get("advice"):
         table.add_row("note", pin["advice"])
     table.add_row(
@@ -76,6 +89,7 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
     from rich.text import Text
 
     metric = report.mem_metric
+    with_ac = any(row.slowdown_vs_full_ac is not None for row in report.rows)
     scale, unit = (1e9, "GB") if report.limit_bytes >= 1e9 else (1e6, "MB")
 
     def size(value: int | None) -> str:
@@ -85,20 +99,31 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
         title=f"study {report.study_name}: {report.workload}, limit "
         f"{format_bytes(report.limit_bytes)} ({metric})",
         caption=f"peak: {metric} peak in {unit}; vs base: step time against the unconstrained "
-        "baseline; fits: ok and under the limit",
+        "baseline"
+        + ("; vs AC: against full block AC (the baseline cannot run)" if with_ac else "")
+        + f"; fits: ok and peak x {1 + report.margin:.2f} (the margin) within the limit",
     )
     # Narrow figures, and the rest of the width for the configuration (80-column terminals).
-    for column in ("#", "outcome", "fits", f"peak {unit}", "ms", "vs base", "peak in"):
+    columns = ["#", "outcome", "fits", f"peak {unit}", "ms", "vs base"]
+    for column in columns + (["vs AC"] if with_ac else []) + ["peak in"]:
         trials.add_column(column, no_wrap=True)
     trials.add_column("config", overflow="fold", ratio=1, min_width=24)
+
+    def percent(value: float | None) -> str:
+        return f"{value * 100:+.1f}%" if value is not None else "-"
+
     for row in report.rows:
-        trials.add_row(
+        cells = [
             str(row.number),
             row.outcome or row.state.lower(),
             "yes" if row.feasible else "no",
             size(row.peak_bytes),
             f"{row.step_time_ms:.1f}" if row.step_time_ms and row.outcome != "oom" else "-",
-            f"{row.slowdown * 100:+.1f}%" if row.slowdown is not None else "-",
+            percent(row.slowdown),
+        ]
+        trials.add_row(
+            *cells,
+            *([percent(row.slowdown_vs_full_ac)] if with_ac else []),
             {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}.get(row.peak_phase, "-"),
             Text((f"[{row.baseline}] " if row.baseline else "") + (row.config or row.error)),
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError, UsageError
-from budgettune.spec import (
+from budgettune.trial.spec import (
     BLOCK_AC_POLICIES,
     COMPILE_MODES,
     KNAPSACK_SOLVERS,

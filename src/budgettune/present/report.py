@@ -15,9 +15,15 @@ import optuna
 
 from budgettune import storage as storage_mod
 from budgettune.errors import StudyNotFoundError, UsageError
-from budgettune.pinning import phase_advice
-from budgettune.spec import TrialSpec
-from budgettune.study_trials import BASELINE_ATTR, is_feasible, unconstrained_baseline
+from budgettune.pinning import allocator_advice, phase_advice
+from budgettune.storage.trials import (
+    BASELINE_ATTR,
+    baseline_status,
+    full_ac_step_ms,
+    is_feasible,
+    unconstrained_baseline,
+)
+from budgettune.trial.spec import TrialSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,10 +46,17 @@ class TrialRow:
     """Median step time."""
     slowdown: float | None
     """Relative to the unconstrained baseline."""
+    slowdown_vs_full_ac: float | None = None
+    """Relative to full block AC, when the unconstrained baseline cannot run under the limit
+    (it ran out of memory, or its peak does not fit): then full AC is the user's alternative."""
     peak_phase: str
     """Where the peak was set."""
     feasible: bool
-    """ok and under the limit."""
+    """ok and fitting the limit with the margin (the pin's "fits")."""
+    peak_allocated_bytes: int | None = None
+    """The allocator's allocated peak."""
+    peak_reserved_bytes: int | None = None
+    """The allocator's reserved peak (fragmentation shows as the gap to allocated)."""
     error: str
     """One-line reason for a failure."""
 
@@ -60,6 +73,10 @@ class StudyReport:
     """The memory limit."""
     mem_metric: str
     """The metric the limit applies to."""
+    margin: float
+    """A trial fits when its peak times (1 + margin) is at most the limit."""
+    baseline_status: str
+    """The unconstrained baseline: ``ok``, ``over_limit``, its failing outcome, ``missing``."""
     rows: tuple[TrialRow, ...]
     """All trials, by number."""
     best: TrialRow | None
@@ -115,7 +132,13 @@ def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
     return sorted(front, key=lambda r: r.peak_bytes or 0)
 
 
-def _rows(trials: Sequence[optuna.trial.FrozenTrial], metric: str) -> list[TrialRow]:
+def _slowdown(time_ms: float | None, reference_ms: float | None) -> float | None:
+    return time_ms / reference_ms - 1.0 if time_ms and reference_ms else None
+
+
+def _rows(
+    trials: Sequence[optuna.trial.FrozenTrial], metric: str, full_ac_ms: float | None
+) -> list[TrialRow]:
     baseline = unconstrained_baseline(trials)
     baseline_ms = baseline["step_time_ms"] if baseline else None
     rows = []
@@ -132,10 +155,13 @@ def _rows(trials: Sequence[optuna.trial.FrozenTrial], metric: str) -> list[Trial
                 config=spec.describe() if spec else "",
                 peak_bytes=a.get(f"peak_{metric}_bytes"),
                 step_time_ms=time_ms,
-                slowdown=(time_ms / baseline_ms - 1.0) if time_ms and baseline_ms else None,
+                slowdown=_slowdown(time_ms, baseline_ms),
+                slowdown_vs_full_ac=_slowdown(time_ms, full_ac_ms),
                 peak_phase=a.get("peak_phase", ""),
                 feasible=is_feasible(t),
                 error=a.get("error", ""),
+                peak_allocated_bytes=a.get("peak_allocated_bytes"),
+                peak_reserved_bytes=a.get("peak_reserved_bytes"),
             )
         )
     return rows
@@ -157,22 +183,42 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     study = optuna.load_study(study_name=name, storage=store.optuna_storage)
     search = study.user_attrs.get("search", {})
     metric = search.get("mem_metric", "device")
-    rows = _rows(study.get_trials(deepcopy=False), metric)
+    limit = int(search.get("max_mem_bytes", 0))
+    margin = float(search.get("margin", 0.0))
+    trials = study.get_trials(deepcopy=False)
+    status = baseline_status(trials, limit_bytes=limit, mem_metric=metric, margin=margin)
+    full_ac = full_ac_step_ms(trials) if status != "ok" else None
+    rows = _rows(trials, metric, full_ac)
     feasible = [r for r in rows if r.feasible]
     best = min(feasible, key=lambda r: r.step_time_ms or math.inf) if feasible else None
     ok_rows = [r for r in rows if r.outcome == "ok"]
     # Recompute cannot go below a peak set in the optimizer step: say so when that is where
     # the lowest-memory configurations sit.
     lowest = min(ok_rows, key=lambda r: r.peak_bytes or 0) if ok_rows else None
-    advice = phase_advice(lowest.peak_phase) if lowest else ""
+    advice = [phase_advice(lowest.peak_phase) if lowest else ""]
+    # The allocator's reserve above what was allocated decides whether a config fits: say so
+    # where the fastest measured configuration shows a large gap.
+    fastest = min(ok_rows, key=lambda r: r.step_time_ms or math.inf) if ok_rows else None
+    if fastest is not None and fastest.peak_allocated_bytes and fastest.peak_reserved_bytes:
+        spec = next(t for t in trials if t.number == fastest.number).user_attrs["spec"]
+        advice.append(
+            allocator_advice(
+                peak_allocated_bytes=fastest.peak_allocated_bytes,
+                peak_reserved_bytes=fastest.peak_reserved_bytes,
+                mem_metric=metric,
+                alloc_conf=spec.get("cuda_alloc_conf", ""),
+            )
+        )
     return StudyReport(
         study_name=name,
         workload=search.get("workload", ""),
-        limit_bytes=int(search.get("max_mem_bytes", 0)),
+        limit_bytes=limit,
         mem_metric=metric,
+        margin=margin,
+        baseline_status=status,
         rows=tuple(rows),
         best=best,
         pareto=tuple(pareto_front(rows)),
         pin=_as_dict(store.latest_pin(name)),
-        advice=advice,
+        advice="; ".join(a for a in advice if a),
     )

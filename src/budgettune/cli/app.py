@@ -1,0 +1,156 @@
+"""The `budgettune` command line. The only module that prints or exits.
+
+Each command parses its flags, builds a spec, makes one call and renders the answer. Every
+`BudgettuneError` is caught here once: one line on stderr, exit code by kind (``--debug`` shows
+the traceback).
+
+Exit codes: 0 ok; 1 other errors (a trial that did not end ``ok``, a storage failure);
+2 usage (bad flag, file or reference); 3 no feasible config under the limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from budgettune.errors import BudgettuneError, UsageError
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok; 1 error (or a trial that did not end ok); 2 bad usage or input; "
+    "3 no configuration fits under the memory limit."
+)
+
+app = typer.Typer(
+    name="budgettune",
+    help=(
+        "Find, by measurement, the activation-recompute configuration of a PyTorch training "
+        "step that fits a memory limit with the least slowdown. " + EXIT_CODES_HELP
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+# No markup parsing in printed strings: error messages and configurations contain brackets
+# (`pip install 'budgettune[postgres]'`) that rich would swallow as tags.
+stdout = Console(soft_wrap=True, markup=False)
+stderr = Console(stderr=True, soft_wrap=True, markup=False)
+
+
+def print_error(text: str) -> None:
+    """``error: TEXT`` on stderr, the prefix in bold red, the text verbatim."""
+    stderr.print(Text("error: ", style="bold red") + Text(text), highlight=False)
+
+
+_state = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handles_errors(command: F) -> F:
+    """Turn a `BudgettuneError` into one line on stderr and its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except BudgettuneError as exc:
+            if _state["debug"]:
+                raise
+            print_error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            stderr.print("interrupted; finished work is kept", highlight=False)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+def _main_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+) -> None:
+    _state["debug"] = debug
+    logging.basicConfig(
+        level=logging.DEBUG if debug else (logging.INFO if verbose else logging.WARNING),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+def quiet_background() -> None:
+    """Keep a long run's stderr to our own lines: progress, trial lines, one error line.
+
+    Optuna's per-trial log lines (and its tracebacks for failed trials) are shown with
+    ``--verbose``/``--debug`` only; an exception in a background thread (Optuna's trial
+    heartbeat, when the database goes away) is logged, not printed as a traceback: the main
+    loop reports the same failure in one line.
+    """
+    import threading
+
+    import optuna
+
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+    def log_thread_error(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else "a thread"
+        logging.getLogger("budgettune").info("%s stopped: %r", name, args.exc_value)
+        if args.exc_value is not None:
+            logging.getLogger("budgettune").debug("traceback", exc_info=args.exc_value)
+
+    threading.excepthook = log_thread_error
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``["batch_size=8", "dtype=bf16"]`` → ``{"batch_size": 8, "dtype": "bf16"}``."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--option {pair!r}: write it as KEY=VALUE, e.g. batch_size=8")
+        value: Any = raw
+        for convert in (int, float):
+            try:
+                value = convert(raw)
+                break
+            except ValueError:
+                continue
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        options[key.strip()] = value
+    return options
+
+
+def print_json(data: Any) -> None:
+    """The machine-readable document, alone on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def default_device(workload: str) -> str:
+    """A built-in's own device, else CUDA when NVML sees a GPU, else CPU."""
+    from budgettune.trial.launcher import cuda_device_count
+    from budgettune.workload import builtin_workload
+
+    if workload.startswith("builtin:"):
+        return builtin_workload(workload.split(":", 1)[1]).default_device
+    return "cuda" if cuda_device_count() > 0 else "cpu"
+
+
+def default_run_dir(kind: str) -> Path:
+    """``./budgettune-runs/<kind>-<timestamp>``: where trial specs, results and logs go."""
+    import datetime
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path("budgettune-runs") / f"{kind}-{stamp}"

@@ -1,0 +1,78 @@
+"""The search's progress display: a rich bar on stderr and one line per finished trial."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from budgettune.cli.app import stderr
+
+
+class SearchProgress:
+    """A rich progress bar on stderr: trial n/N, best feasible so far, ETA (a SearchObserver).
+
+    It appears once the storage and study are open, so a bad input leaves one line only.
+    """
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("best {task.fields[best]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=stderr,
+            transient=False,
+        )
+        self.task: Any = None
+
+    def __enter__(self) -> SearchProgress:
+        return self
+
+    def started(self, study_name: str, total: int) -> None:
+        self.task = self.progress.add_task(study_name, total=total, best="-")
+        self.progress.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+    def trial_done(self, event: Any) -> None:
+        from budgettune.units import format_bytes
+
+        m = event.result.measurement
+        figures = (
+            f"{format_bytes(m.peak_device_bytes)}, {m.step_time_ms:.1f} ms"
+            if m is not None
+            else ""
+        )
+        line = Text(f"trial {event.number}: {event.result.outcome.value} {figures} ")
+        line.append(event.spec.describe(), style="dim")
+        if event.result.error:
+            line.append(f" — {event.result.error}")
+        self.progress.console.print(line, highlight=False)
+        best = f"{event.best_ms:.2f} ms" if event.best_ms is not None else "-"
+        self.progress.update(self.task, completed=event.done, best=best)
+
+    def notice(self, text: str) -> None:
+        self.progress.console.print(Text(text), highlight=False)
+
+    def phase(self, text: str) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, description=text)
+
+    def trials_finished(self, done: int, best_ms: float | None) -> None:
+        best = f"{best_ms:.2f} ms" if best_ms is not None else "-"
+        self.progress.update(self.task, completed=done, best=best)

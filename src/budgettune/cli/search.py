@@ -1,0 +1,281 @@
+"""`budgettune search` and `budgettune worker`: run a study's trials, re-verify, pin."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from budgettune.cli.app import (
+    app,
+    default_device,
+    handles_errors,
+    parse_options,
+    print_json,
+    quiet_background,
+    stdout,
+)
+from budgettune.cli.progress import SearchProgress
+from budgettune.errors import UsageError
+
+
+def _csv(value: str | None, convert: Callable[[str], Any] = str) -> list[Any] | None:
+    if value is None:
+        return None
+    try:
+        return [convert(part.strip()) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{value!r} is not a comma-separated list of numbers") from None
+
+
+def _budget_range(value: str | None) -> list[float] | None:
+    parts = _csv(value, float)
+    if parts is not None and len(parts) != 2:
+        raise UsageError("--budget-range takes LOW,HIGH, e.g. 0.3,1.0")
+    return parts
+
+
+@app.command()
+@handles_errors
+def search(
+    study_file: Annotated[
+        Path | None,
+        typer.Argument(help="A TOML study file (studies/*.toml); flags override it."),
+    ] = None,
+    max_mem: Annotated[
+        str | None,
+        typer.Option("--max-mem", help="Memory limit, e.g. 20GB or 18.5GiB (required)."),
+    ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            "--workload", "-w", help="builtin:NAME, path/to/file.py:fn or pkg.module:fn."
+        ),
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--option", "-o", help="Workload builder option KEY=VALUE (repeatable)."),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
+    mem_metric: Annotated[
+        str | None,
+        typer.Option(help="What --max-mem limits: device (nvidia-smi), reserved or allocated."),
+    ] = None,
+    trials: Annotated[
+        int | None, typer.Option(help="Trials to add to the study (default 20).")
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="Study name (default: from workload, device, limit).")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db)."),
+    ] = None,
+    budget_range: Annotated[
+        str | None, typer.Option(help="Budgets searched, LOW,HIGH (default 0,1).")
+    ] = None,
+    modes: Annotated[
+        str | None, typer.Option(help="Compile modes searched, comma-separated.")
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="inductor or aot_eager_decomp_partition.")
+    ] = None,
+    solvers: Annotated[str | None, typer.Option(help="Knapsack solvers searched.")] = None,
+    estimators: Annotated[str | None, typer.Option(help="Runtime estimators searched.")] = None,
+    ac_every: Annotated[
+        str | None, typer.Option(help="Block-AC strides searched, e.g. 0,1,2,4.")
+    ] = None,
+    ac_policies: Annotated[str | None, typer.Option(help="Block-AC policies: full,op.")] = None,
+    optimizer_impls: Annotated[
+        str | None, typer.Option(help="Optimizer implementations: as_written,foreach,fused.")
+    ] = None,
+    alloc_confs: Annotated[
+        str | None,
+        typer.Option(help="PYTORCH_CUDA_ALLOC_CONF values; use 'default' for unset."),
+    ] = None,
+    remove_ops: Annotated[
+        str | None, typer.Option(help="Ops the search may remove from the recomputable list.")
+    ] = None,
+    add_ops: Annotated[
+        str | None, typer.Option(help="Ops the search may add to the recomputable list.")
+    ] = None,
+    fix: Annotated[
+        list[str] | None,
+        typer.Option(help="Hold a dimension at one value, NAME=VALUE (repeatable)."),
+    ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option(
+            help="Fastest fitting configurations re-verified together (default 3); if none "
+            "holds, the next ones are re-verified one by one, up to 8 in all, before exit 3."
+        ),
+    ] = None,
+    reverify: Annotated[
+        int | None, typer.Option(help="Fresh re-measurements per configuration.")
+    ] = None,
+    margin: Annotated[
+        float | None,
+        typer.Option(
+            help="Safety margin: a configuration fits when its peak x (1 + margin) is within "
+            "--max-mem, for the search, the re-verification and the pin alike. It absorbs "
+            "run-to-run variation of the peak; 0.01-0.05 is sensible (default 0.03)."
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds before a trial is killed.")
+    ] = None,
+    warmup_steps: Annotated[int | None, typer.Option(help="Untimed warm-up steps.")] = None,
+    timed_steps: Annotated[int | None, typer.Option(help="Timed steps per trial.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed (reproducible search).")] = None,
+    runs_dir: Annotated[
+        str | None, typer.Option(help="Folder for trial logs and compile caches.")
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Compile every trial from scratch.")
+    ] = False,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Run one worker process per GPU of this host, e.g. 0,1,2,3 (one trial per GPU "
+            "at a time); re-verification runs on the first."
+        ),
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", help="Where to write the pinned config JSON.")
+    ] = Path("budgettune-pin.json"),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print only the pinned config JSON on stdout.")
+    ] = False,
+) -> None:
+    """Search the recompute knobs under --max-mem, re-verify the best, write the pin.
+
+    Re-running the same command resumes the same study. Ctrl-C keeps every finished trial.
+    Exit code 3 when nothing fits under the limit.
+    """
+    from budgettune.pinning import write_pin
+    from budgettune.search.run import run_search
+    from budgettune.search.space import parse_fixed
+    from budgettune.search.study_file import build_search_spec, merge, read_study_file
+
+    file_values = read_study_file(study_file) if study_file is not None else {}
+    alloc = _csv(alloc_confs)
+    gpu_list: list[int] = _csv(gpus, int) or []
+    if gpus is not None and not gpu_list:
+        raise UsageError("--gpus takes GPU indices, e.g. 0,1,2,3")
+    if gpu_list:
+        if device is not None and not device.startswith("cuda"):
+            raise UsageError(f"--gpus runs on GPUs; drop --device {device}")
+        device = f"cuda:{gpu_list[0]}"
+    flags = {
+        "workload": workload,
+        "workload_options": parse_options(option) if option else None,
+        "device": device,
+        "max_mem": max_mem,
+        "mem_metric": mem_metric,
+        "trials": trials,
+        "study": study,
+        "storage": storage,
+        "top_k": top_k,
+        "reverify": reverify,
+        "margin": margin,
+        "timeout": timeout,
+        "runs_dir": runs_dir,
+        "compile_cache": False if no_cache else None,
+        "sampler_seed": seed,
+        "space": {
+            "budget": _budget_range(budget_range),
+            "modes": _csv(modes),
+            "backend": backend,
+            "solvers": _csv(solvers),
+            "estimators": _csv(estimators),
+            "ac_every": _csv(ac_every, int),
+            "ac_policies": _csv(ac_policies),
+            "optimizer_impls": _csv(optimizer_impls),
+            "alloc_confs": None if alloc is None else ["" if a == "default" else a for a in alloc],
+            "remove_ops": _csv(remove_ops),
+            "add_ops": _csv(add_ops),
+        },
+        "fix": parse_fixed(fix) if fix else None,
+        "trial": {"warmup_steps": warmup_steps, "timed_steps": timed_steps},
+    }
+    values = merge(file_values, flags)
+    spec = build_search_spec(
+        values, default_device=default_device(values.get("workload", "builtin:tiny-gpt"))
+    )
+    quiet_background()
+    started = time.monotonic()
+    with SearchProgress() as progress:
+        outcome = run_search(spec, progress, gpus=gpu_list)  # type: ignore[arg-type]
+    write_pin(output, outcome.pin)
+    if as_json:
+        print_json(outcome.pin)
+        return
+    from budgettune.present.tables import pin_table
+
+    stdout.print(pin_table(outcome.pin))
+    stdout.print(
+        f"{outcome.trials_run} trials run and the pin re-verified in "
+        f"{time.monotonic() - started:.0f} s; study {outcome.study_name!r} in "
+        f"{outcome.storage_url}; pinned config written to {output}"
+    )
+
+
+@app.command()
+@handles_errors
+def worker(
+    study: Annotated[str, typer.Option(help="The study to join (made by `budgettune search`).")],
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BUDGETTUNE_STORAGE",
+            help="SQLAlchemy URL or SQLite path (default ./budgettune.db).",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="cpu or cuda:N (default: the study's device).")
+    ] = None,
+    trials: Annotated[
+        int | None,
+        typer.Option(help="Run at most this many trials (default: until the study's target)."),
+    ] = None,
+    runs_dir: Annotated[
+        str | None, typer.Option(help="Folder for trial logs and compile caches.")
+    ] = None,
+    heartbeat_s: Annotated[
+        int | None,
+        typer.Option(
+            "--heartbeat-s",
+            help="Check that the study's trial heartbeat is this many seconds (it is set when "
+            "the study is created, 10 s, and every worker uses it: a trial silent for twice "
+            "that is failed and retried once by another worker). Default: the study's.",
+        ),
+    ] = None,
+) -> None:
+    """Join an existing study and run its trials until the study's trial target is met.
+
+    Start any number of workers, on any hosts that reach the storage (PostgreSQL for more
+    than one host); each runs one trial at a time. A worker killed mid-trial has its trial
+    failed by heartbeat and re-run once by another worker.
+    """
+    from budgettune.search.workers import WorkerJob, run_worker
+
+    job = WorkerJob(
+        study_name=study,
+        storage_url=storage,
+        device=device,
+        max_trials=trials,
+        runs_dir=runs_dir,
+        heartbeat_interval_s=heartbeat_s,
+    )
+    quiet_background()
+    with SearchProgress() as progress:
+        outcome = run_worker(job, progress)  # type: ignore[arg-type]
+    stdout.print(
+        f"worker on {outcome.device}: {outcome.trials_run} trials run; study "
+        f"{outcome.study_name!r} has {outcome.finished}/{outcome.target} trials finished "
+        f"in {outcome.storage_url}",
+        highlight=False,
+    )

@@ -1,0 +1,46 @@
+"""`budgettune dashboard`: optuna-dashboard over the study storage."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from budgettune.cli.app import (
+    app,
+    handles_errors,
+    stdout,
+)
+
+
+@app.command()
+@handles_errors
+def dashboard(
+    storage: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 8080,
+    allow_writes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-writes",
+            help="Let the page change the store (delete studies, tell trials, edit notes and "
+            "attrs, upgrade the schema). Without it the dashboard is read-only: every such "
+            "request is refused with 403.",
+        ),
+    ] = False,
+) -> None:
+    """Serve optuna-dashboard on the study storage, read-only unless --allow-writes.
+
+    Put it behind a reverse proxy (nginx) to share it; it listens on 127.0.0.1 by default.
+    """
+    from budgettune.present.dashboard import serve
+
+    serve(
+        storage,
+        host=host,
+        port=port,
+        allow_writes=allow_writes,
+        log=lambda line: stdout.print(line, highlight=False, markup=False),
+    )

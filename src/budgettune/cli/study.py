@@ -1,0 +1,112 @@
+"""`budgettune show`, `export` and `verify`: read a study, write its pin, re-measure a pin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from budgettune.cli.app import (
+    app,
+    default_run_dir,
+    handles_errors,
+    print_json,
+    stderr,
+    stdout,
+)
+
+
+@app.command()
+@handles_errors
+def show(
+    study: Annotated[str | None, typer.Option(help="Study name (default: the only one).")] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Show a study: every trial, the best feasible, the Pareto front and the current pin."""
+    import dataclasses
+
+    from budgettune.present.report import study_report
+    from budgettune.present.tables import pin_table, study_tables
+
+    report = study_report(storage, study)
+    if as_json:
+        print_json(dataclasses.asdict(report))
+        return
+    for table in study_tables(report):
+        stdout.print(table)
+    if report.best is not None:
+        stdout.print(f"best feasible: trial {report.best.number}, {report.best.config}")
+    else:
+        stdout.print("no feasible trial yet")
+    if report.advice:
+        stdout.print(f"note: {report.advice}")
+    if report.pin is not None:
+        stdout.print(pin_table(dict(report.pin), title="current pin"))
+
+
+@app.command()
+@handles_errors
+def export(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Pinned JSON to write.")] = Path(
+        "best.json"
+    ),
+    study: Annotated[str | None, typer.Option(help="Study name (default: the only one).")] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
+    ] = None,
+) -> None:
+    """Write a study's current pinned config to a JSON file a training job loads."""
+    from budgettune import storage as storage_mod
+    from budgettune.errors import NoFeasibleConfigError
+    from budgettune.pinning import parse_pin, write_pin
+    from budgettune.present.report import resolve_study_name
+
+    store = storage_mod.open_storage(storage, create=False)
+    name = resolve_study_name(store, study)
+    pin = store.latest_pin(name)
+    if pin is None:
+        raise NoFeasibleConfigError(
+            f"study {name!r} has no pinned config yet; run `budgettune search --study {name}`"
+        )
+    parse_pin(dict(pin), source=f"study {name}")
+    write_pin(output, pin)
+    stdout.print(f"wrote {output}")
+
+
+@app.command()
+@handles_errors
+def verify(
+    pin_file: Annotated[Path, typer.Argument(help="A pinned config JSON.")],
+    runs: Annotated[int, typer.Option(help="Fresh re-measurements.")] = 3,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds before a run is killed.")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Re-measure a pinned config; exit 3 if it no longer fits under its limit."""
+    from budgettune.search.verify import verify_pin
+
+    report = verify_pin(
+        pin_file,
+        runs=runs,
+        device=device,
+        timeout_s=timeout,
+        run_dir=default_run_dir("verify"),
+        on_run=lambda i, r: stderr.print(
+            f"run {i + 1}/{runs}: {r.outcome.value}", highlight=False
+        ),
+    )
+    if as_json:
+        print_json(report.to_json_dict())
+    else:
+        from budgettune.units import format_bytes
+
+        stdout.print(
+            f"{pin_file}: worst peak {format_bytes(report.worst_peak_bytes)} "
+            f"({report.mem_metric}) vs limit {format_bytes(report.limit_bytes)}; "
+            f"median step {report.step_time_ms:.2f} ms"
+        )
+    report.raise_if_over()

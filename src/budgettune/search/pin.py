@@ -1,0 +1,182 @@
+"""The end of a search: re-verify the fastest fitting trials in fresh processes, pin one.
+
+Re-verification walks down the feasible trials, fastest first: the top ``--top-k`` together,
+then one more at a time, until one qualifies (every fresh run ``ok``, the worst peak fits the
+limit with the margin) or `MAX_CANDIDATES` have been re-measured. Only when nothing qualifies
+does the search end with exit 3. The references the pin reports its slowdown against (the
+unconstrained baseline, and full block AC when that baseline cannot run under the limit) are
+re-measured as often as the pin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from budgettune.errors import NoFeasibleConfigError
+from budgettune.pinning import Candidate, build_pin, choose_pin, phase_advice
+from budgettune.storage.trials import (
+    FULL_AC,
+    UNCONSTRAINED,
+    baseline_status,
+    baseline_trial,
+    feasible_candidates,
+    smallest_peak,
+)
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialSpec
+from budgettune.units import format_bytes
+
+if TYPE_CHECKING:
+    from budgettune.search.searcher import Searcher
+
+MAX_CANDIDATES = 8
+"""At most this many feasible configurations are re-measured (or ``--top-k``, if larger)
+before the search gives up with exit 3: each costs ``--reverify`` fresh runs."""
+
+
+def reverify_until_one_fits(
+    searcher: Searcher, candidates: Sequence[Candidate]
+) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
+    """Re-measure candidates (fastest first) until one qualifies; None when none does.
+
+    Returns:
+        The winner with its runs, and every re-measurement made (by trial number).
+    """
+    search = searcher.search
+    bound = max(search.top_k, MAX_CANDIDATES)
+    reverified: dict[int, list[TrialResult]] = {}
+    tried: list[Candidate] = []
+    for index, candidate in enumerate(candidates[:bound]):
+        if index >= search.top_k:
+            searcher.observer.notice(
+                f"none of the {len(tried)} fastest fitting trials held under "
+                f"{format_bytes(search.max_mem_bytes)} with the {search.margin:.0%} margin "
+                f"when re-measured; trying trial {candidate.trial_number} "
+                f"({index + 1}/{min(bound, len(candidates))}, "
+                f"{candidate.step_time_ms:.1f} ms, {format_bytes(candidate.peak_bytes)})"
+            )
+        reverified[candidate.trial_number] = searcher.fresh_runs(
+            candidate.spec,
+            number=candidate.trial_number,
+            run_name=f"reverify-{candidate.trial_number:04d}",
+            phase=f"re-verifying trial {candidate.trial_number}",
+        )
+        tried.append(candidate)
+        if index + 1 < min(search.top_k, len(candidates)):
+            continue  # the top-k are re-measured together, then compared
+        chosen = choose_pin(
+            tried,
+            reverified,
+            limit_bytes=search.max_mem_bytes,
+            mem_metric=search.mem_metric,
+            margin=search.margin,
+        )
+        if chosen is not None:
+            return chosen, reverified
+    return None
+
+
+def remeasure(
+    searcher: Searcher,
+    trial: optuna.trial.FrozenTrial | None,
+    reverified: dict[int, list[TrialResult]],
+    *,
+    name: str,
+    check: bool,
+) -> list[TrialResult]:
+    """A reference measured as often as the pin, so a slowdown compares medians of the same
+    number of fresh processes; reuses the re-verification of a candidate with its config."""
+    if trial is None or "step_time_ms" not in trial.user_attrs:
+        return []
+    spec = TrialSpec.from_json_dict(trial.user_attrs["spec"])
+    trials = searcher.study.get_trials(deepcopy=False)
+    for number, results in reverified.items():
+        if TrialSpec.from_json_dict(trials[number].user_attrs["spec"]) == spec:
+            return list(results)
+    return searcher.fresh_runs(
+        spec,
+        number=trial.number,
+        run_name=f"reverify-{name}-{trial.number:04d}",
+        phase=f"re-measuring the {name} baseline",
+        check=check,
+    )
+
+
+def pin_study(searcher: Searcher) -> dict[str, Any]:
+    """Re-verify, choose, build and record the pin of the searcher's study.
+
+    Raises:
+        NoFeasibleConfigError: nothing measured fits, or nothing re-verified does.
+    """
+    search = searcher.search
+    trials = searcher.study.get_trials(deepcopy=False)
+    candidates = feasible_candidates(trials, search.mem_metric)
+    if not candidates:
+        raise no_feasible_error(searcher)
+    found = reverify_until_one_fits(searcher, candidates)
+    if found is None:
+        raise no_feasible_error(searcher, after_reverify=True)
+    (candidate, results), reverified = found
+    unconstrained = baseline_trial(trials, UNCONSTRAINED)
+    status = baseline_status(
+        trials,
+        limit_bytes=search.max_mem_bytes,
+        mem_metric=search.mem_metric,
+        margin=search.margin,
+    )
+    full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
+    if full_ac is not None and full_ac.user_attrs.get("outcome") != "ok":
+        full_ac = None
+    measured = unconstrained if status in ("ok", "over_limit") else None
+    pin = build_pin(
+        search=search,
+        candidate=candidate,
+        reverify_results=results,
+        baseline=dict(measured.user_attrs) if measured is not None else None,
+        # the baseline is the numerics reference itself: nothing to compare it with
+        baseline_results=remeasure(
+            searcher, measured, reverified, name="unconstrained", check=False
+        ),
+        baseline_status=status,
+        full_ac=dict(full_ac.user_attrs) if full_ac is not None else None,
+        full_ac_results=remeasure(searcher, full_ac, reverified, name="full-AC", check=True),
+        trials=len(searcher.study.trials),
+    )
+    reference = pin["baseline"] if status == "ok" else pin["full_ac"] or pin["baseline"]
+    searcher.store.record_pin(
+        study_name=search.study_name,
+        pin=pin,
+        peak_bytes=pin["measured"]["peak_worst_bytes"],
+        step_time_ms=pin["measured"]["step_time_ms"],
+        slowdown=reference["slowdown"] if reference else None,
+        limit_bytes=search.max_mem_bytes,
+        mem_metric=search.mem_metric,
+    )
+    return pin
+
+
+def no_feasible_error(
+    searcher: Searcher, *, after_reverify: bool = False
+) -> NoFeasibleConfigError:
+    """Exit 3's one line: the smallest peak seen and the configuration that gave it."""
+    search = searcher.search
+    smallest = smallest_peak(searcher.study.get_trials(deepcopy=False), search.mem_metric)
+    limit = format_bytes(search.max_mem_bytes)
+    if smallest is None:
+        return NoFeasibleConfigError(
+            f"no configuration could be measured under {limit} "
+            f"(every trial failed; see the logs under {searcher.runs_dir})"
+        )
+    peak, spec, phase = smallest
+    what = "re-verified" if after_reverify else "measured"
+    advice = phase_advice(phase)
+    return NoFeasibleConfigError(
+        f"no {what} configuration fits under {limit} ({search.mem_metric}) with the "
+        f"{search.margin:.0%} margin; the smallest peak seen is {format_bytes(peak)} from "
+        f"{spec.describe()}"
+        + (f"; {advice}" if advice else "")
+        + "; raise --max-mem or run more --trials"
+    )

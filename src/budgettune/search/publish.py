@@ -1,0 +1,64 @@
+"""Writing budgettune's views of a study into its optuna-dashboard page.
+
+The views are built by `budgettune.present.dashboard_views`; this is the one place they are
+written (as study system attrs, through optuna-dashboard's Python API), after each trial batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import optuna
+import optuna_dashboard
+
+from budgettune import storage as storage_mod
+from budgettune.errors import StorageError, StudyNotFoundError
+from budgettune.present.dashboard_views import (
+    PLOT_ID,
+    memory_time_figure,
+    study_note,
+    trial_points,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
+    """Push budgettune's views of a study into its optuna-dashboard page.
+
+    Writes the memory × time scatter (graph object `PLOT_ID`) and the study note; calling it
+    again replaces both.
+
+    Args:
+        storage: the open study storage.
+        study_name: the study.
+
+    Raises:
+        StudyNotFoundError: no such study in the storage.
+        StorageError: the storage could not be written.
+    """
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
+    except KeyError:
+        raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
+    search = study.user_attrs.get("search", {})
+    metric = search.get("mem_metric", "device")
+    trials = study.get_trials(deepcopy=False)
+    points = trial_points(trials, metric)
+    num_failed = sum(t.user_attrs.get("outcome") in ("crashed", "timeout") for t in trials)
+    pin = storage.latest_pin(study_name)
+    figure = memory_time_figure(
+        points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin
+    )
+    note = study_note(
+        study_name=study_name, search=search, points=points, num_failed=num_failed, pin=pin
+    )
+    try:
+        optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=PLOT_ID)
+        optuna_dashboard.save_note(study, note)
+    except optuna.exceptions.StorageInternalError as exc:
+        raise StorageError(
+            f"storage {storage.display_url}: cannot publish the dashboard views of "
+            f"{study_name!r}: {exc}"
+        ) from exc
+    logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))

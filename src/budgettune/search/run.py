@@ -1,0 +1,63 @@
+"""`run_search`: one `budgettune search` from start to pin, in this process or by GPU workers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from budgettune import storage as storage_mod
+from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
+from budgettune.search.spec import SearchSpec
+from budgettune.search.study import SearchObserver, SearchOutcome
+from budgettune.search.workers import check_gpus, run_gpu_workers
+from budgettune.storage.coordination import creation_lock, database_errors
+from budgettune.trial.launcher import check_device_available, check_ops_exist
+from budgettune.workload import check_reference
+
+
+def run_search(
+    search: SearchSpec, observer: SearchObserver | None = None, *, gpus: Sequence[int] = ()
+) -> SearchOutcome:
+    """Raise the study's target by ``search.num_trials``, run trials to it, re-verify, pin.
+
+    Args:
+        search: the whole search.
+        observer: receives progress (the CLI's progress bar).
+        gpus: run one worker process per GPU index on this host (``--gpus 0,1``) instead of
+            trials in this process; re-verification then runs on ``search.device``.
+
+    Returns:
+        The `SearchOutcome` with the pinned config document.
+
+    Raises:
+        UsageError: bad input (reference, device, a limit under the steady memory).
+        StorageError: the storage cannot be used (unreachable, schema behind or ahead, lost).
+        NoFeasibleConfigError: nothing fits under the limit.
+        WorkerFailedError: with ``gpus``, workers exited before the target was met.
+        KeyboardInterrupt: after the running trial is marked failed; finished ones are kept.
+    """
+    check_reference(search.workload)
+    if gpus:
+        check_gpus(gpus)
+    check_device_available(search.device)
+    check_ops_exist(search.space.removable_ops + search.space.addable_ops)
+    with creation_lock(search.storage_url):
+        store = storage_mod.open_storage(
+            search.storage_url, heartbeat_interval_s=HEARTBEAT_INTERVAL_S
+        )
+    searcher = Searcher(search, store, observer)
+    if gpus:
+        searcher.observer.started(search.study_name, search.num_trials)
+        trials_run = run_gpu_workers(searcher, gpus)
+    else:
+        searcher.observer.started(search.study_name, search.num_trials)
+        searcher.run_trials()
+        trials_run = searcher.done
+    with database_errors(store.url):
+        pin = searcher.pin()
+    searcher.publish()
+    return SearchOutcome(
+        study_name=search.study_name,
+        storage_url=store.display_url,
+        trials_run=trials_run,
+        pin=pin,
+    )

@@ -1,0 +1,410 @@
+"""The study: create or resume, baselines first, ask → launch → tell, then re-verify and pin.
+
+Optuna minimises the median step time with the constraint ``peak × (1 + margin) − limit ≤ 0``
+on the chosen memory metric (its constraint support, not a penalty): the same "fits" as the
+pin's, so the sampler is not rewarded for configurations the pin would refuse. A trial that
+does not fit (over the limit, OOM, numerics mismatch) is PRUNED with its violation as its one
+intermediate value and its constraint stored, so the sampler learns the boundary and Optuna's
+own "best trial" is the fastest that fits; crashes and timeouts are failed trials with the
+reason in user attrs. Every measurement also lands in our ``bt_measurements``.
+This module never prints: progress goes to a callback the CLI renders.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from budgettune import storage as storage_mod
+from budgettune.errors import BudgettuneError, UsageError, WorkloadFailedError
+from budgettune.pinning import (
+    margin_violation_bytes,
+)
+from budgettune.search.numerics import check_numerics
+from budgettune.search.space import suggest_spec
+from budgettune.search.spec import SearchSpec
+from budgettune.search.study import (
+    HEARTBEAT_ATTR,
+    SEARCH_ATTR,
+    SPEC_ATTR,
+    WORKER_ATTR,
+    SearchObserver,
+    TrialEvent,
+    TrialFailed,
+    baseline_specs,
+    make_sampler,
+    result_attrs,
+    study_attrs,
+)
+from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, count_trials
+from budgettune.storage.coordination import ClaimLock, database_errors
+from budgettune.storage.trials import (
+    BASELINE_ATTR,
+    UNCONSTRAINED,
+    best_feasible_ms,
+    unconstrained_baseline,
+)
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.results import TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialSpec
+from budgettune.units import format_bytes
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 10
+"""Optuna trial heartbeat; a trial silent for twice this is failed and retried once."""
+WAIT_POLL_S = 2.0
+"""How often a worker with nothing to start looks again while others' trials run."""
+
+
+class Searcher:
+    """One invocation of a search over an opened storage (kept small: see `run_search`)."""
+
+    def __init__(
+        self,
+        search: SearchSpec,
+        store: storage_mod.Storage,
+        observer: SearchObserver | None = None,
+        *,
+        add_trials: bool = True,
+    ) -> None:
+        """Open the study.
+
+        Args:
+            search: the whole search.
+            store: the open storage.
+            observer: receives progress.
+            add_trials: create the study if missing and raise its target by
+                ``search.num_trials`` (``search``); False only joins it (``worker``).
+        """
+        self.search = search
+        self.store = store
+        self.observer = observer or SearchObserver()
+        self.on_trial = self.observer.trial_done
+        self.on_phase = self.observer.phase
+        self.runs_dir = Path(search.runs_dir).resolve() / search.study_name
+        self.done = 0
+        self.total = search.num_trials
+        self.abort: BudgettuneError | None = None
+        self.running_trial_id: int | None = None
+        self.claim = ClaimLock(store.url, search.study_name)
+        self.claim.acquire()
+        try:
+            with database_errors(store.url):
+                self.study, created = self._open_study(add_trials)
+                if add_trials:
+                    # A new study's baselines are part of its first --trials; on a resumed
+                    # study, baselines still queued are not "before": --trials N runs N.
+                    count = self.count()
+                    before = 0 if created else count.counted - count.waiting
+                    self.study.set_user_attr(TARGET_ATTR, before + search.num_trials)
+        finally:
+            self.claim.release()
+
+    # -- study ---------------------------------------------------------------------------
+    def _open_study(self, create: bool) -> tuple[optuna.Study, bool]:
+        """Create the study (attrs, baselines) or load it; called under the claim lock.
+
+        Only the process whose ``create_study`` succeeds enqueues the baselines, so two
+        searches racing to create one study queue them once.
+        """
+        common: dict[str, Any] = dict(
+            study_name=self.search.study_name,
+            storage=self.store.optuna_storage,
+            sampler=make_sampler(self.search),
+        )
+        if create:
+            try:
+                study = optuna.create_study(direction="minimize", load_if_exists=False, **common)
+            except optuna.exceptions.DuplicatedStudyError:
+                pass
+            else:
+                study.set_user_attr(SEARCH_ATTR, study_attrs(self.search))
+                study.set_user_attr(SPEC_ATTR, self.search.to_json_dict())
+                study.set_user_attr(HEARTBEAT_ATTR, self.heartbeat_s)
+                for label, spec in baseline_specs(self.search):
+                    study.enqueue_trial(
+                        _enqueue_params(spec, self.search),
+                        user_attrs={BASELINE_ATTR: label, "enqueued_spec": spec.to_json_dict()},
+                    )
+                return study, True
+        study = optuna.load_study(**common)
+        if not create:
+            return study, False
+        wanted = study_attrs(self.search)
+        stored = study.user_attrs.get(SEARCH_ATTR)
+        if stored is not None and "margin" not in stored:
+            # A study from before the margin was part of "fits": it takes this search's.
+            stored = {**stored, "margin": wanted["margin"]}
+            study.set_user_attr(SEARCH_ATTR, stored)
+        if stored is None:
+            study.set_user_attr(SEARCH_ATTR, wanted)
+        elif stored != wanted:
+            diff = ", ".join(
+                f"{k}: stored {stored.get(k)!r} vs given {v!r}"
+                for k, v in wanted.items()
+                if stored.get(k) != v
+            )
+            raise UsageError(
+                f"study {self.search.study_name!r} was made for another search ({diff}); "
+                "pass the stored value, or --study NAME to start a new study"
+            )
+        # Workers read the spec of the newest search that raised the target.
+        study.set_user_attr(SPEC_ATTR, self.search.to_json_dict())
+        return study, False
+
+    @property
+    def heartbeat_s(self) -> int:
+        """The trial heartbeat of this process's storage."""
+        return int(self.store.optuna_storage.heartbeat_interval or HEARTBEAT_INTERVAL_S)
+
+    def target(self) -> int:
+        """The study's trial target (a study made before targets: what it has)."""
+        stored = self.study.user_attrs.get(TARGET_ATTR)
+        return int(stored) if stored is not None else len(self.study.trials)
+
+    def count(self) -> TrialCount:
+        """The study against its target (call under the claim lock for a decision)."""
+        grace_s = 2 * (self.store.optuna_storage.heartbeat_interval or HEARTBEAT_INTERVAL_S)
+        alive_after = datetime.datetime.now() - datetime.timedelta(
+            seconds=self.search.trial_timeout_s + 2 * grace_s
+        )
+        return count_trials(
+            self.study.get_trials(deepcopy=False),
+            target=self.target(),
+            alive_after=alive_after,
+        )
+
+    def reference(self) -> dict[str, float] | None:
+        """First-step loss and grad norm of the study's unconstrained baseline, if measured."""
+        attrs = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
+        return None if attrs is None else {"loss": attrs["loss"], "grad_norm": attrs["grad_norm"]}
+
+    # -- one trial -----------------------------------------------------------------------
+    def spec_for(self, trial: optuna.Trial) -> TrialSpec:
+        enqueued = trial.user_attrs.get("enqueued_spec")
+        if enqueued is not None:
+            # Baselines are measured exactly as defined, whatever the space would suggest;
+            # suggest_spec still runs so the params match the distributions.
+            suggest_spec(trial, self.search.space, self.search.base)
+            return TrialSpec.from_json_dict(enqueued)
+        return suggest_spec(trial, self.search.space, self.search.base)
+
+    def objective(self, trial: optuna.Trial) -> float:
+        # Optuna has created (or popped) this trial: the next worker may claim now.
+        self.claim.release()
+        self.running_trial_id = trial._trial_id
+        trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{self.search.device}")
+        spec = self.spec_for(trial)
+        result = launch_trial(
+            self.search.trial_run(spec),
+            run_dir=self.runs_dir / f"trial-{trial.number:04d}",
+            timeout_s=self.search.trial_timeout_s,
+        )
+        self.done += 1  # it ran here, even if another process has failed the trial meanwhile
+        is_reference = trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED
+        if not is_reference:
+            result = check_numerics(result, self.reference())
+        self._store(trial.number, "trial", spec, result)
+        for key, attr in result_attrs(spec, result).items():
+            trial.set_user_attr(key, attr)
+        limit = self.search.max_mem_bytes
+        if result.measurement is not None:
+            violation = margin_violation_bytes(
+                result.measurement.peak_bytes(self.search.mem_metric),
+                limit_bytes=limit,
+                margin=self.search.margin,
+            )
+            if result.outcome is TrialOutcome.NUMERICS_MISMATCH:
+                violation = max(violation, 0.0) + 1.0
+        elif result.outcome is TrialOutcome.OOM:
+            violation = float(limit)
+        else:
+            self._emit(trial.number, spec, result)
+            if result.failed_stage == "workload":
+                # Every configuration would fail alike (on a GPU a build can take minutes).
+                self.abort = WorkloadFailedError(
+                    f"trial {trial.number}: the workload {self.search.workload} could not be "
+                    f"loaded: {result.error} (log: {result.log_path}); the trial is kept in "
+                    "the study; fix the workload and run the search again"
+                )
+                self.study.stop()
+            raise TrialFailed(f"{result.outcome.value}: {result.error}")
+        trial.set_user_attr("constraint", [violation])
+        self._emit(trial.number, spec, result)
+        if result.measurement is not None and self._below_steady(result):
+            self.study.stop()
+        if violation > 0:
+            # Does not fit: no objective value (it would be Optuna's "best" if fast, and an
+            # OOM has no time); pruned trials rank below every complete one, by this value.
+            trial.report(violation, step=0)
+            raise optuna.TrialPruned(f"does not fit: {result.outcome.value}")
+        assert result.measurement is not None
+        return result.measurement.step_time_ms
+
+    def _below_steady(self, result: TrialResult) -> bool:
+        """A limit under params + grads + optimizer state: stop the study, keep the trial."""
+        m = result.measurement
+        assert m is not None
+        if m.steady_bytes >= self.search.max_mem_bytes:
+            self.abort = UsageError(
+                f"--max-mem {format_bytes(self.search.max_mem_bytes)} is below the workload's "
+                f"steady memory {format_bytes(m.steady_bytes)} (parameters + gradients + "
+                "optimizer state): no recompute setting can fit; raise the limit"
+            )
+            return True
+        return False
+
+    def _store(self, number: int | None, kind: str, spec: TrialSpec, result: TrialResult) -> None:
+        digest = None
+        if result.workload_fingerprint:
+            digest = self.store.record_workload(
+                ref=self.search.workload,
+                options=self.search.workload_options,
+                fingerprint=result.workload_fingerprint,
+            )
+        self.store.record_measurement(
+            study_name=self.search.study_name,
+            trial_number=number,
+            kind=kind,
+            workload_digest=digest,
+            spec=spec,
+            result=result,
+        )
+
+    def _emit(self, number: int, spec: TrialSpec, result: TrialResult) -> None:
+        self.on_trial(
+            TrialEvent(
+                number=number,
+                done=self.done,
+                total=self.total,
+                spec=spec,
+                result=result,
+                best_ms=self.best_feasible_ms(),
+            )
+        )
+
+    def best_feasible_ms(self) -> float | None:
+        """Fastest feasible step time in the study so far."""
+        return best_feasible_ms(self.study.get_trials(deepcopy=False))
+
+    # -- the whole run -------------------------------------------------------------------
+    def run_trials(self, max_trials: int | None = None) -> None:
+        """Run trials until the study's target is met (or ``max_trials`` of them ran here).
+
+        Every decision to start a trial is taken under the claim lock, after failing stale
+        trials (Optuna re-queues each once); with nothing to start while other workers'
+        trials run, wait: one of them may die and be re-queued.
+
+        Raises:
+            UsageError: the limit is below the workload's steady memory.
+            StorageError: the database went away (finished trials stay stored).
+        """
+        self.check_steady()
+        while max_trials is None or self.done < max_trials:
+            self.claim.acquire()
+            try:
+                with database_errors(self.store.url):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                        optuna.storages.fail_stale_trials(self.study)
+                    step = self.count().next_step()
+                    if step is NextStep.STOP:
+                        break
+                    if step is NextStep.WAIT:
+                        self.claim.release()
+                        time.sleep(WAIT_POLL_S)
+                        continue
+                    self.run_one_trial()
+            finally:
+                self.claim.release()
+            if self.abort is not None:
+                raise self.abort
+            self.publish()
+
+    def run_one_trial(self) -> None:
+        """One ask → launch → tell; a trial another process failed meanwhile is let go.
+
+        Another worker's stale-trial check can fail this process's running trial (its
+        heartbeat missed, e.g. a host paused); Optuna then refuses to tell it (`ValueError`).
+        The measurement is already stored; the trial is re-run, so the loop goes on.
+        """
+        self.running_trial_id = None
+        try:
+            self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+        except ValueError:
+            trial_id = self.running_trial_id
+            if trial_id is None:
+                raise
+            frozen = self.store.optuna_storage.get_trial(trial_id)
+            if frozen.state != optuna.trial.TrialState.FAIL:
+                raise
+            self.observer.notice(
+                f"trial {frozen.number} was failed by another process's stale-trial check "
+                "while it ran here (a missed heartbeat); its measurement is kept and the "
+                "trial is re-run"
+            )
+
+    def publish(self) -> None:
+        """Refresh the study's dashboard views; a failure is logged, never fatal."""
+        from budgettune.search.publish import publish_views
+
+        try:
+            publish_views(self.store, self.search.study_name)
+        except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
+            # One line: a storage outage also stops the search right after, with its own line;
+            # the traceback is there for `--debug`.
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            logger.warning("could not refresh the dashboard views: %s", reason)
+            logger.debug("dashboard views traceback", exc_info=True)
+
+    def check_steady(self) -> None:
+        """Refuse a limit below the steady memory some earlier trial measured."""
+        for trial in self.study.get_trials(deepcopy=False):
+            steady = trial.user_attrs.get("steady_bytes")
+            if steady is not None and steady >= self.search.max_mem_bytes:
+                raise UsageError(
+                    f"--max-mem {format_bytes(self.search.max_mem_bytes)} is below the "
+                    f"workload's steady memory {format_bytes(steady)} (parameters + gradients "
+                    "+ optimizer state, measured in trial "
+                    f"{trial.number}): no recompute setting can fit; raise the limit"
+                )
+
+    def fresh_runs(
+        self, spec: TrialSpec, *, number: int, run_name: str, phase: str, check: bool = True
+    ) -> list[TrialResult]:
+        """Measure ``spec`` R times in fresh processes, each stored as a ``reverify`` of trial
+        ``number``; ``check`` compares each run's numerics with the study's reference."""
+        results = []
+        runs = self.search.reverify_runs
+        for repeat in range(runs):
+            self.on_phase(f"{phase} ({repeat + 1}/{runs})")
+            result = launch_trial(
+                self.search.trial_run(spec),
+                run_dir=self.runs_dir / f"{run_name}-{repeat}",
+                timeout_s=self.search.trial_timeout_s,
+            )
+            if check:
+                result = check_numerics(result, self.reference())
+            self._store(number, "reverify", spec, result)
+            results.append(result)
+        return results
+
+    def pin(self) -> dict[str, Any]:
+        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""
+        from budgettune.search.pin import pin_study
+
+        return pin_study(self)
+
+
+def _enqueue_params(spec: TrialSpec, search: SearchSpec) -> dict[str, Any]:
+    from budgettune.search.space import spec_params
+
+    return spec_params(spec, search.space)

@@ -1,0 +1,184 @@
+"""What a study is made of: its name and attrs, its sampler and constraint, its baselines,
+the user attrs of a measured trial, and the events a search reports to its observer.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from budgettune.search.spec import SearchSpec
+from budgettune.storage.trials import FULL_AC, UNCONSTRAINED
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialSpec
+
+SEARCH_ATTR = "search"
+"""Study user attr: what must stay the same when the study is resumed (`study_attrs`)."""
+SPEC_ATTR = "search_spec"
+"""Study user attr: the whole `SearchSpec` (JSON, no storage URL), read by workers."""
+WORKER_ATTR = "worker"
+"""Trial user attr: ``host:device`` of the worker that ran it (throughput per worker)."""
+HEARTBEAT_ATTR = "heartbeat_s"
+"""Study user attr: the one trial-heartbeat interval of every process that runs its trials
+(a worker's stale-trial check must not fail a trial whose process beats more slowly)."""
+
+
+class TrialFailed(Exception):
+    """Raised inside the objective for a crashed or timed-out trial: Optuna marks it FAIL."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialEvent:
+    """What the progress display gets after each trial."""
+
+    number: int
+    """Optuna trial number."""
+    done: int
+    """Trials finished in this invocation."""
+    total: int
+    """Trials this invocation will run."""
+    spec: TrialSpec
+    """The configuration measured."""
+    result: TrialResult
+    """Its result (numerics already checked)."""
+    best_ms: float | None
+    """Fastest feasible step time so far in the study."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchOutcome:
+    """What a finished search produced."""
+
+    study_name: str
+    """The study."""
+    storage_url: str
+    """Where it is stored (password masked)."""
+    trials_run: int
+    """Trials finished by this invocation (by its workers, with ``--gpus``)."""
+    pin: dict[str, Any]
+    """The pinned config document (schema version 1)."""
+
+
+def study_attrs(search: SearchSpec) -> dict[str, Any]:
+    """What must stay the same when a study is resumed."""
+    return {
+        "workload": search.workload,
+        "workload_options": dict(search.workload_options),
+        "max_mem_bytes": search.max_mem_bytes,
+        "mem_metric": search.mem_metric,
+        "margin": search.margin,
+    }
+
+
+def default_study_name(
+    workload: str, options: dict[str, Any], device: str, max_mem_bytes: int, metric: str
+) -> str:
+    """A stable name, so re-running the same command resumes the same study."""
+    name = workload.split(":", 1)[-1] if workload.startswith("builtin:") else workload
+    name = Path(name.split(":", 1)[0]).stem if ".py" in name else name.replace(":", "-")
+    extra = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
+    return f"{name}{extra}-{device.split(':')[0]}-{max_mem_bytes / 1e6:.0f}MB-{metric}"
+
+
+def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:
+    """TPE with Optuna's constraint support and the constant liar for parallel workers."""
+    with warnings.catch_warnings():
+        # `group` is experimental, `warn_independent_sampling` and `constraints_func` are
+        # deprecated in Optuna 5.0 but still the documented way; say so once, not every run.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return optuna.samplers.TPESampler(
+            seed=search.sampler_seed,
+            n_startup_trials=max(3, min(8, search.num_trials // 3)),
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+            constraints_func=constraints_of,
+            warn_independent_sampling=False,
+        )
+
+
+def constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
+    """Optuna constraint: ``peak × (1 + margin) − limit`` (≤ 0 fits), stored by the objective."""
+    return trial.user_attrs.get("constraint", [math.inf])
+
+
+def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
+    """The configurations every study measures first.
+
+    ``unconstrained`` (compile at budget 1.0, optimizer as written unless fixed) is the
+    reference for slowdown and numerics; block AC every 1 and budget 0.5 are the usual hand
+    picks.
+    """
+    fixed = search.space.fixed
+    base = search.base.replace(
+        activation_memory_budget=1.0,
+        compile_mode=fixed.get("compile_mode", "default"),
+        compile_backend=fixed.get("compile_backend", search.space.compile_backend),
+        optimizer_impl=fixed.get("optimizer_impl", "as_written"),
+        cuda_alloc_conf=fixed.get("cuda_alloc_conf", ""),
+        block_ac_every=0,
+    )
+    specs = [
+        (UNCONSTRAINED, base),
+        (FULL_AC, base.replace(block_ac_every=1)),
+        ("budget-0.5", base.replace(activation_memory_budget=0.5)),
+    ]
+    return specs
+
+
+def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
+    """Everything measured, as trial user attrs any Optuna tool can read."""
+    attrs: dict[str, Any] = {
+        "outcome": result.outcome.value,
+        "error": result.error,
+        "spec": spec.to_json_dict(),
+        "log_path": result.log_path,
+        "wall_s": round(result.wall_s, 3),
+        "device_name": result.device_name,
+        "torch_version": result.torch_version,
+    }
+    m = result.measurement
+    if m is not None:
+        attrs.update(
+            {
+                "peak_allocated_bytes": m.peak_allocated_bytes,
+                "peak_reserved_bytes": m.peak_reserved_bytes,
+                "peak_device_bytes": m.peak_device_bytes,
+                "steady_bytes": m.steady_bytes,
+                "phase_peak_bytes": dict(m.phase_peak_bytes),
+                "peak_phase": m.peak_phase,
+                "step_time_ms": m.step_time_ms,
+                "step_time_p10_ms": m.step_time_p10_ms,
+                "step_time_p90_ms": m.step_time_p90_ms,
+                "compile_s": m.compile_s,
+                "loss": m.loss,
+                "grad_norm": m.grad_norm,
+            }
+        )
+    return attrs
+
+
+class SearchObserver:
+    """Receives a search's progress (the CLI renders it); the default ignores everything."""
+
+    def started(self, study_name: str, total: int) -> None:
+        """The storage and study are open; ``total`` trials are about to run."""
+
+    def trial_done(self, event: TrialEvent) -> None:
+        """One trial finished (whatever its outcome)."""
+
+    def phase(self, text: str) -> None:
+        """A new phase began (e.g. re-verification)."""
+
+    def notice(self, text: str) -> None:
+        """Something the user should read as it happens (one line)."""
+
+    def trials_finished(self, done: int, best_ms: float | None) -> None:
+        """``done`` trials finished by this invocation's workers (``--gpus``)."""

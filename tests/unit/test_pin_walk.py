@@ -1,0 +1,112 @@
+"""Re-verification walks down the fitting trials until one holds (issue 12), and the one rule
+of "fits" the search, the pin and show share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from budgettune.pinning import Candidate, allocator_advice, fits_limit, margin_violation_bytes
+from budgettune.search.pin import MAX_CANDIDATES, reverify_until_one_fits
+from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialSpec
+
+
+def _result(peak: int, ms: float) -> TrialResult:
+    return TrialResult(
+        outcome=TrialOutcome.OK,
+        measurement=Measurement(
+            peak_allocated_bytes=peak,
+            peak_reserved_bytes=peak,
+            peak_device_bytes=peak,
+            steady_bytes=1,
+            phase_peak_bytes={"backward": peak},
+            peak_phase="backward",
+            step_time_ms=ms,
+            step_time_p10_ms=ms,
+            step_time_p90_ms=ms,
+            compile_s=0.0,
+            loss=1.0,
+            grad_norm=1.0,
+        ),
+    )
+
+
+@dataclass
+class _Search:
+    top_k: int = 2
+    max_mem_bytes: int = 100
+    mem_metric: str = "device"
+    margin: float = 0.03
+
+
+@dataclass
+class _Observer:
+    lines: list[str] = field(default_factory=list)
+
+    def notice(self, text: str) -> None:
+        self.lines.append(text)
+
+
+@dataclass
+class _Searcher:
+    """What the walk needs of a Searcher: its search, observer and fresh runs (by table)."""
+
+    peaks: dict[int, int]
+    search: _Search = field(default_factory=_Search)
+    observer: _Observer = field(default_factory=_Observer)
+    measured: list[int] = field(default_factory=list)
+
+    def fresh_runs(self, spec, *, number, run_name, phase, check=True):
+        self.measured.append(number)
+        return [_result(self.peaks[number], 10.0 + number)] * 2
+
+
+def _candidates(n: int) -> list[Candidate]:
+    return [
+        Candidate(trial_number=i, spec=TrialSpec(seed=i), step_time_ms=10.0 + i, peak_bytes=90)
+        for i in range(n)
+    ]
+
+
+def test_walks_past_the_top_k_until_one_fits_and_says_each_step() -> None:
+    # trials 0 and 1 (the top-k) re-measure at 98 > 100 / 1.03; trial 2 at 95 fits; 3 is never run
+    searcher = _Searcher(peaks={0: 98, 1: 98, 2: 95, 3: 90})
+    found = reverify_until_one_fits(searcher, _candidates(4))  # type: ignore[arg-type]
+    assert found is not None
+    (winner, runs), reverified = found
+    assert winner.trial_number == 2 and len(runs) == 2
+    assert searcher.measured == [0, 1, 2] and sorted(reverified) == [0, 1, 2]
+    assert len(searcher.observer.lines) == 1
+    assert "trying trial 2 (3/4" in searcher.observer.lines[0]
+
+
+def test_the_top_k_are_compared_together_fastest_median_wins() -> None:
+    searcher = _Searcher(peaks={0: 95, 1: 90, 2: 80})
+    found = reverify_until_one_fits(searcher, _candidates(3))  # type: ignore[arg-type]
+    assert found is not None and found[0][0].trial_number == 0
+    assert searcher.measured == [0, 1] and searcher.observer.lines == []
+
+
+def test_the_walk_is_bounded_and_none_means_exit_3() -> None:
+    n = MAX_CANDIDATES + 3
+    searcher = _Searcher(peaks={i: 99 for i in range(n)})
+    assert reverify_until_one_fits(searcher, _candidates(n)) is None  # type: ignore[arg-type]
+    assert searcher.measured == list(range(MAX_CANDIDATES))
+
+
+def test_fits_is_peak_times_one_plus_margin_within_the_limit() -> None:
+    assert fits_limit(97, limit_bytes=100, margin=0.03)
+    assert not fits_limit(98, limit_bytes=100, margin=0.03)
+    assert margin_violation_bytes(100, limit_bytes=100, margin=0.0) == 0
+    assert margin_violation_bytes(50, limit_bytes=100, margin=0.1) < 0
+
+
+def test_allocator_advice_only_for_a_large_reserve_on_the_binding_metric() -> None:
+    gap = dict(peak_allocated_bytes=75_300_000_000, peak_reserved_bytes=107_800_000_000)
+    advice = allocator_advice(mem_metric="device", alloc_conf="", **gap)
+    assert "32.50 GB above" in advice and "expandable_segments:True" in advice
+    assert allocator_advice(mem_metric="allocated", alloc_conf="", **gap) == ""
+    expandable = "expandable_segments:True"
+    assert allocator_advice(mem_metric="reserved", alloc_conf=expandable, **gap) == ""
+    small = dict(peak_allocated_bytes=100, peak_reserved_bytes=110)
+    assert allocator_advice(mem_metric="device", alloc_conf="", **small) == ""

@@ -1,0 +1,39 @@
+"""benchmarks/reference.py: configurations spread over devices, each measured once, resumable."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+reference = importlib.import_module("benchmarks.reference")
+
+
+def test_gpus_flag_names_one_device_per_gpu() -> None:
+    args = reference.argparse.Namespace(gpus="0, 2,3", devices="cuda")
+    assert reference.devices_of(args) == ["cuda:0", "cuda:2", "cuda:3"]
+    args = reference.argparse.Namespace(gpus="", devices="cpu,cpu")
+    assert reference.devices_of(args) == ["cpu", "cpu"]
+
+
+def test_smoke_set_on_two_devices_measures_each_config_once_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "smoke.jsonl"
+    argv = [
+        "--set", "smoke", "--out", str(out), "--devices", "cpu,cpu",
+        "--runs-dir", str(tmp_path / "runs"), "--warmup", "1", "--timed", "2",
+    ]  # fmt: skip
+    assert reference.main(argv) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["label"] for r in records) == ["tiny-budget-0.2", "tiny-budget-1.0"]
+    assert all(r["result"]["outcome"] == "ok" for r in records)
+    assert {r["device_index"] for r in records} <= {"cpu"}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "0 done, 2 to measure on cpu, cpu"
+    # resumable: the same command measures nothing more
+    assert reference.main(argv) == 0
+    assert len(out.read_text().splitlines()) == 2
+    assert capsys.readouterr().out.splitlines()[0] == "2 done, 0 to measure on cpu, cpu"
