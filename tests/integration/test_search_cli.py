@@ -77,6 +77,12 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     for t in trials:
         if t.state == optuna.trial.TrialState.COMPLETE:
             assert "constraint" in t.user_attrs and "outcome" in t.user_attrs
+        if t.state == optuna.trial.TrialState.PRUNED:
+            # does not fit: its value (the dashboard's history) is a step time, never bytes
+            assert t.user_attrs["constraint"][0] > 0
+            assert t.value == pytest.approx(t.user_attrs["step_time_ms"])
+    assert trials[0].state == optuna.trial.TrialState.PRUNED  # the baseline, over the limit
+    assert "trial 0: ok (does not fit)" in result.stderr  # the progress says so
     # every measurement is also in bt_measurements, re-verifications included
     with sqlite3.connect(tmp_path / "bt.db") as conn:
         kinds = dict(

@@ -52,8 +52,8 @@ def test_limit_within_the_margin_of_the_fastest_trial_still_pins(tmp_path, monke
     study = optuna.load_study(study_name="m", storage=db)
     by_label = {t.user_attrs.get("baseline"): t for t in study.trials}
     unconstrained = by_label["unconstrained"]
-    # measured, does not fit: pruned with its violation, so Optuna's own best trial (what
-    # optuna-dashboard's card shows) is one that fits
+    # measured, does not fit: pruned with its violation stored, so Optuna's own best trial
+    # (what optuna-dashboard's card shows) is one that fits
     assert unconstrained.state == optuna.trial.TrialState.PRUNED
     assert unconstrained.user_attrs["constraint"][0] > 0
     assert study.best_trial.user_attrs["constraint"][0] <= 0

@@ -144,3 +144,17 @@ def test_cpu_trials_take_turns_on_a_host(tmp_path: Path, monkeypatch) -> None:
         waited = time.monotonic() - started
     holder.wait(timeout=30)
     assert waited > 1.0, waited  # it waited for the other CPU trial to finish
+    # one lock file for every user of the host, whatever their umask
+    assert (tmp_path / "cpu.lock").stat().st_mode & 0o777 == 0o666
+
+
+def test_a_resumed_search_beats_at_the_studys_heartbeat(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bt.db'}"
+    with storage.open_storage(url, heartbeat_interval_s=10) as store:
+        searcher = Searcher(_search(url, tmp_path / "runs"), store)
+        assert searcher.study.user_attrs["heartbeat_s"] == 10
+        searcher.study.set_user_attr("heartbeat_s", 30)  # e.g. a study made by a later version
+        searcher.claim.close()
+    with storage.open_storage(url, heartbeat_interval_s=10) as store:
+        Searcher(_search(url, tmp_path / "runs"), store).claim.close()
+        assert store.optuna_storage.heartbeat_interval == 30

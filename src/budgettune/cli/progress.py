@@ -58,7 +58,8 @@ class SearchProgress:
             if m is not None
             else ""
         )
-        line = Text(f"trial {event.number}: {event.result.outcome.value} {figures} ")
+        verdict = " (does not fit)" if event.fits is False else ""
+        line = Text(f"trial {event.number}: {event.result.outcome.value}{verdict} {figures} ")
         line.append(event.spec.describe(), style="dim")
         if event.result.error:
             line.append(f" — {event.result.error}")

@@ -3,10 +3,11 @@
 Optuna minimises the median step time with the constraint ``peak × (1 + margin) − limit ≤ 0``
 on the chosen memory metric (its constraint support, not a penalty): the same "fits" as the
 pin's, so the sampler is not rewarded for configurations the pin would refuse. A trial that
-does not fit (over the limit, OOM, numerics mismatch) is PRUNED with its violation as its one
-intermediate value and its constraint stored, so the sampler learns the boundary and Optuna's
-own "best trial" is the fastest that fits; crashes and timeouts are failed trials with the
-reason in user attrs. Every measurement also lands in our ``bt_measurements``.
+does not fit (over the limit, OOM, numerics mismatch) is PRUNED with its constraint stored (and
+its step time, if it has one, as its one intermediate value), so the sampler learns the
+boundary and Optuna's own "best trial" is the fastest that fits; crashes and timeouts are
+failed trials with the reason in user attrs. Every measurement also lands in
+our ``bt_measurements``.
 This module never prints: progress goes to a callback the CLI renders.
 """
 
@@ -158,6 +159,11 @@ class Searcher:
             )
         # Workers read the spec of the newest search that raised the target.
         study.set_user_attr(SPEC_ATTR, self.search.to_json_dict())
+        # Every process of a study beats alike: a study from before the attr gets this one's.
+        if HEARTBEAT_ATTR in study.user_attrs:
+            self.store.optuna_storage.heartbeat_interval = int(study.user_attrs[HEARTBEAT_ATTR])
+        else:
+            study.set_user_attr(HEARTBEAT_ATTR, self.heartbeat_s)
         return study, False
 
     @property
@@ -238,13 +244,15 @@ class Searcher:
                 self.study.stop()
             raise TrialFailed(f"{result.outcome.value}: {result.error}")
         trial.set_user_attr("constraint", [violation])
-        self._emit(trial.number, spec, result)
+        self._emit(trial.number, spec, result, fits=violation <= 0)
         if result.measurement is not None and self._below_steady(result):
             self.study.stop()
         if violation > 0:
-            # Does not fit: no objective value (it would be Optuna's "best" if fast, and an
-            # OOM has no time); pruned trials rank below every complete one, by this value.
-            trial.report(violation, step=0)
+            # Does not fit: pruned, so it is never Optuna's "best trial"; the sampler ranks it
+            # by the stored constraint. Its step time (if it has one) is its intermediate value,
+            # so the dashboard's history shows times, not bytes; an OOM has none.
+            if result.measurement is not None:
+                trial.report(result.measurement.step_time_ms, step=0)
             raise optuna.TrialPruned(f"does not fit: {result.outcome.value}")
         assert result.measurement is not None
         return result.measurement.step_time_ms
@@ -279,7 +287,9 @@ class Searcher:
             result=result,
         )
 
-    def _emit(self, number: int, spec: TrialSpec, result: TrialResult) -> None:
+    def _emit(
+        self, number: int, spec: TrialSpec, result: TrialResult, *, fits: bool | None = None
+    ) -> None:
         self.on_trial(
             TrialEvent(
                 number=number,
@@ -288,6 +298,7 @@ class Searcher:
                 spec=spec,
                 result=result,
                 best_ms=self.best_feasible_ms(),
+                fits=fits,
             )
         )
 

@@ -49,6 +49,8 @@ class TrialEvent:
     """Its result (numerics already checked)."""
     best_ms: float | None
     """Fastest feasible step time so far in the study."""
+    fits: bool | None = None
+    """Whether it fits the limit with the margin; None when it did not finish (crash, timeout)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -247,7 +247,15 @@ def cpu_trial_lock() -> Iterator[None]:
     """
     path = cpu_lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
+    try:  # one file for every user of the host: made writable by all
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user made it without write access: lock per user
+        fd = os.open(path.with_name(f"{path.stem}-{os.getuid()}{path.suffix}"),
+                     os.O_RDWR | os.O_CREAT, 0o600)  # fmt: skip
+    else:
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, 0o666)  # the umask took write access from the others
+    with os.fdopen(fd, "r+b") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
