@@ -25,7 +25,20 @@ if ! have_chromium; then
     fi
 fi
 
-python3 -m venv .venv
+# Debian and Ubuntu ship the venv module in a separate package
+if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    venv_pkg="python3-venv"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$venv_pkg" >/dev/null
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$venv_pkg" >/dev/null
+    else
+        echo "setup: python3 cannot make a virtual environment: sudo apt-get install -y $venv_pkg" >&2
+        exit 1
+    fi
+fi
+
+python3 -m venv .venv  # an existing .venv is kept and reused
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e ".[dev]"
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

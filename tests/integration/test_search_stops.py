@@ -43,6 +43,7 @@ def test_a_workload_that_cannot_be_loaded_costs_one_trial_and_exits_1(
     trials = optuna.load_study(study_name="broken", storage=db).trials
     ran = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
     assert len(ran) == 1 and ran[0].state == optuna.trial.TrialState.FAIL  # kept in the study
+    assert ran[0].user_attrs["failed_stage"] == "workload"  # `show` and the dashboard can tell
 
 
 def test_a_limit_without_its_unit_is_refused_before_any_trial(tmp_path: Path, monkeypatch):

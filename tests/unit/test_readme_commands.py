@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -25,3 +26,36 @@ def test_ci_runs_the_readme_install_line_and_test_command_verbatim() -> None:
     # nothing is started by a bare name that only an activated venv puts on PATH
     assert "activate" not in install and "budgettune search" in install
     assert tests.startswith(".venv/bin/python -m pytest")
+
+
+PROGRAMS_BY_NAME = {"budgettune", "python", "python3", "pytest", "torchrun", "alembic"}
+"""Programs that are on PATH only when the venv is activated (the README never activates it)."""
+
+
+def _bare_program_calls(path: Path, root: Path = ROOT) -> list[str]:
+    """`subprocess.*([...])` calls in a file whose argv starts with a bare program name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in {"run", "Popen", "call", "check_call", "check_output"}:
+            continue
+        argv = node.args[0] if node.args else None
+        if isinstance(argv, ast.List | ast.Tuple) and argv.elts:
+            first = argv.elts[0]
+            if isinstance(first, ast.Constant) and first.value in PROGRAMS_BY_NAME:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {first.value}")
+    return found
+
+
+def test_no_program_is_started_by_a_bare_name_from_path() -> None:
+    files = [p for d in ("src", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+    assert len(files) > 50
+    offenders = [hit for f in files for hit in _bare_program_calls(f)]
+    assert offenders == [], "start it with sys.executable -m ... instead: " + "; ".join(offenders)
+
+
+def test_the_scan_sees_a_bare_name(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('import subprocess\nsubprocess.run(["budgettune", "show"])\n')
+    assert _bare_program_calls(sample, tmp_path) == ["sample.py:2: budgettune"]

@@ -140,6 +140,7 @@ def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "outcome": result.outcome.value,
         "error": result.error,
+        "failed_stage": result.failed_stage,  # "workload": it failed before any knob mattered
         "spec": spec.to_json_dict(),
         "log_path": result.log_path,
         "wall_s": round(result.wall_s, 3),
