@@ -55,10 +55,12 @@ class _Searcher:
     search: _Search = field(default_factory=_Search)
     observer: _Observer = field(default_factory=_Observer)
     measured: list[int] = field(default_factory=list)
+    batches: list[list[int]] = field(default_factory=list)
 
-    def fresh_runs(self, spec, *, number, run_name, phase, check=True):
-        self.measured.append(number)
-        return [_result(self.peaks[number], 10.0 + number)] * 2
+    def fresh_batch(self, jobs):
+        self.measured.extend(job.number for job in jobs)
+        self.batches.append([job.number for job in jobs])
+        return [[_result(self.peaks[job.number], 10.0 + job.number)] * 2 for job in jobs]
 
 
 def _candidates(n: int) -> list[Candidate]:
@@ -76,6 +78,7 @@ def test_walks_past_the_top_k_until_one_fits_and_says_each_step() -> None:
     (winner, runs), reverified = found
     assert winner.trial_number == 2 and len(runs) == 2
     assert searcher.measured == [0, 1, 2] and sorted(reverified) == [0, 1, 2]
+    assert searcher.batches == [[0, 1], [2]]  # the top-k go out together (parallel on GPUs)
     assert len(searcher.observer.lines) == 1
     assert "trying trial 2 (3/4" in searcher.observer.lines[0]
 

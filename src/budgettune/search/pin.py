@@ -17,6 +17,7 @@ import optuna
 
 from budgettune.errors import NoFeasibleConfigError
 from budgettune.pinning import Candidate, build_pin, choose_pin, phase_advice
+from budgettune.search.fresh import FreshJob
 from budgettune.storage.trials import (
     FULL_AC,
     UNCONSTRAINED,
@@ -42,31 +43,41 @@ def reverify_until_one_fits(
 ) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
     """Re-measure candidates (fastest first) until one qualifies; None when none does.
 
+    The top-k go out as one batch (in parallel over the search's GPUs), then one at a time.
+
     Returns:
         The winner with its runs, and every re-measurement made (by trial number).
     """
     search = searcher.search
-    bound = max(search.top_k, MAX_CANDIDATES)
+    bound = min(max(search.top_k, MAX_CANDIDATES), len(candidates))
     reverified: dict[int, list[TrialResult]] = {}
     tried: list[Candidate] = []
-    for index, candidate in enumerate(candidates[:bound]):
+    index = 0
+    while index < bound:
+        batch = list(candidates[index : max(index + 1, min(search.top_k, bound))])
         if index >= search.top_k:
             searcher.observer.notice(
                 f"none of the {len(tried)} fastest fitting trials held under "
                 f"{format_bytes(search.max_mem_bytes)} with the {search.margin:.0%} margin "
-                f"when re-measured; trying trial {candidate.trial_number} "
-                f"({index + 1}/{min(bound, len(candidates))}, "
-                f"{candidate.step_time_ms:.1f} ms, {format_bytes(candidate.peak_bytes)})"
+                f"when re-measured; trying trial {batch[0].trial_number} "
+                f"({index + 1}/{bound}, "
+                f"{batch[0].step_time_ms:.1f} ms, {format_bytes(batch[0].peak_bytes)})"
             )
-        reverified[candidate.trial_number] = searcher.fresh_runs(
-            candidate.spec,
-            number=candidate.trial_number,
-            run_name=f"reverify-{candidate.trial_number:04d}",
-            phase=f"re-verifying trial {candidate.trial_number}",
+        runs = searcher.fresh_batch(
+            [
+                FreshJob(
+                    spec=c.spec,
+                    number=c.trial_number,
+                    run_name=f"reverify-{c.trial_number:04d}",
+                    phase=f"re-verifying trial {c.trial_number}",
+                )
+                for c in batch
+            ]
         )
-        tried.append(candidate)
-        if index + 1 < min(search.top_k, len(candidates)):
-            continue  # the top-k are re-measured together, then compared
+        for candidate, results in zip(batch, runs, strict=True):
+            reverified[candidate.trial_number] = results
+        tried.extend(batch)
+        index += len(batch)
         chosen = choose_pin(
             tried,
             reverified,
@@ -81,28 +92,44 @@ def reverify_until_one_fits(
 
 def remeasure(
     searcher: Searcher,
-    trial: optuna.trial.FrozenTrial | None,
+    references: Sequence[tuple[optuna.trial.FrozenTrial | None, str, bool]],
     reverified: dict[int, list[TrialResult]],
-    *,
-    name: str,
-    check: bool,
-) -> list[TrialResult]:
-    """A reference measured as often as the pin, so a slowdown compares medians of the same
-    number of fresh processes; reuses the re-verification of a candidate with its config."""
-    if trial is None or "step_time_ms" not in trial.user_attrs:
-        return []
-    spec = TrialSpec.from_json_dict(trial.user_attrs["spec"])
+) -> list[list[TrialResult]]:
+    """References measured as often as the pin, so a slowdown compares medians of the same
+    number of fresh processes; one batch (parallel over the GPUs); a reference whose config
+    a candidate shares reuses its re-verification.
+
+    Args:
+        references: (trial or None, name, check numerics) of each reference.
+    """
     trials = searcher.study.get_trials(deepcopy=False)
-    for number, results in reverified.items():
-        if TrialSpec.from_json_dict(trials[number].user_attrs["spec"]) == spec:
-            return list(results)
-    return searcher.fresh_runs(
-        spec,
-        number=trial.number,
-        run_name=f"reverify-{name}-{trial.number:04d}",
-        phase=f"re-measuring the {name} baseline",
-        check=check,
-    )
+    out: list[list[TrialResult] | None] = []
+    jobs: list[FreshJob] = []
+    for trial, name, check in references:
+        if trial is None or "step_time_ms" not in trial.user_attrs:
+            out.append([])
+            continue
+        spec = TrialSpec.from_json_dict(trial.user_attrs["spec"])
+        shared = [
+            results
+            for number, results in reverified.items()
+            if TrialSpec.from_json_dict(trials[number].user_attrs["spec"]) == spec
+        ]
+        if shared:
+            out.append(list(shared[0]))
+            continue
+        out.append(None)
+        jobs.append(
+            FreshJob(
+                spec=spec,
+                number=trial.number,
+                run_name=f"reverify-{name}-{trial.number:04d}",
+                phase=f"re-measuring the {name} baseline",
+                check=check,
+            )
+        )
+    measured = iter(searcher.fresh_batch(jobs) if jobs else [])
+    return [results if results is not None else next(measured) for results in out]
 
 
 def pin_study(searcher: Searcher) -> dict[str, Any]:
@@ -131,18 +158,21 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
     if full_ac is not None and full_ac.user_attrs.get("outcome") != "ok":
         full_ac = None
     measured = unconstrained if status in ("ok", "over_limit") else None
+    # the unconstrained baseline is the numerics reference itself: nothing to compare it with
+    baseline_runs, full_ac_runs = remeasure(
+        searcher,
+        [(measured, "unconstrained", False), (full_ac, "full-AC", True)],
+        reverified,
+    )
     pin = build_pin(
         search=search,
         candidate=candidate,
         reverify_results=results,
         baseline=dict(measured.user_attrs) if measured is not None else None,
-        # the baseline is the numerics reference itself: nothing to compare it with
-        baseline_results=remeasure(
-            searcher, measured, reverified, name="unconstrained", check=False
-        ),
+        baseline_results=baseline_runs,
         baseline_status=status,
         full_ac=dict(full_ac.user_attrs) if full_ac is not None else None,
-        full_ac_results=remeasure(searcher, full_ac, reverified, name="full-AC", check=True),
+        full_ac_results=full_ac_runs,
         trials=len(searcher.study.trials),
     )
     reference = pin["baseline"] if status == "ok" else pin["full_ac"] or pin["baseline"]

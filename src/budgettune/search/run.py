@@ -45,6 +45,7 @@ def run_search(
             search.storage_url, heartbeat_interval_s=HEARTBEAT_INTERVAL_S
         )
     searcher = Searcher(search, store, observer)
+    searcher.devices = tuple(f"cuda:{gpu}" for gpu in gpus or ())
     if gpus:
         searcher.observer.started(search.study_name, search.num_trials)
         trials_run = run_gpu_workers(searcher, gpus)

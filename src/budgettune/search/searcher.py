@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from budgettune.errors import BudgettuneError, UsageError, WorkloadFailedError
 from budgettune.pinning import (
     margin_violation_bytes,
 )
+from budgettune.search.fresh import FreshJob, launcher, run_batch
 from budgettune.search.numerics import check_numerics
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
@@ -95,6 +97,8 @@ class Searcher:
         self.total = search.num_trials
         self.abort: BudgettuneError | None = None
         self.running_trial_id: int | None = None
+        self.devices: tuple[str, ...] = ()
+        """Device slots re-measurements spread over (``cuda:N`` per ``--gpus`` entry)."""
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
         try:
@@ -388,25 +392,27 @@ class Searcher:
                     f"{trial.number}): no recompute setting can fit; raise the limit"
                 )
 
-    def fresh_runs(
-        self, spec: TrialSpec, *, number: int, run_name: str, phase: str, check: bool = True
-    ) -> list[TrialResult]:
-        """Measure ``spec`` R times in fresh processes, each stored as a ``reverify`` of trial
-        ``number``; ``check`` compares each run's numerics with the study's reference."""
-        results = []
-        runs = self.search.reverify_runs
-        for repeat in range(runs):
-            self.on_phase(f"{phase} ({repeat + 1}/{runs})")
-            result = launch_trial(
-                self.search.trial_run(spec),
-                run_dir=self.runs_dir / f"{run_name}-{repeat}",
-                timeout_s=self.search.trial_timeout_s,
-            )
-            if check:
-                result = check_numerics(result, self.reference())
-            self._store(number, "reverify", spec, result)
-            results.append(result)
-        return results
+    def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
+        """Measure each job ``--reverify`` times in fresh processes (over every device of
+        ``devices`` at once), each run stored as a ``reverify`` of its trial; numerics are
+        checked against the study's reference where the job asks."""
+        batches = run_batch(
+            jobs,
+            runs=self.search.reverify_runs,
+            make_run=self.search.trial_run,
+            runs_dir=self.runs_dir,
+            devices=self.devices,
+            launch=launcher(self.search.trial_timeout_s),
+            on_phase=self.on_phase,
+        )
+        checked: list[list[TrialResult]] = []
+        for job, results in zip(jobs, batches, strict=True):
+            if job.check:
+                results = [check_numerics(r, self.reference()) for r in results]
+            for result in results:
+                self._store(job.number, "reverify", job.spec, result)
+            checked.append(results)
+        return checked
 
     def pin(self) -> dict[str, Any]:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""

@@ -1,0 +1,113 @@
+"""Fresh re-measurements (re-verification, the references a pin is compared with), spread over
+every device the search was given.
+
+Each run is a fresh child process like a trial. With ``--gpus 0,1,...`` the runs of a batch go
+to every listed GPU at once, one run per GPU at a time (the rule trials follow), instead of all
+to the first one: on two H200s the serial re-verification was about half of a 16-trial study's
+wall time. On one device (or the CPU) they run one after another. Numerics checks and storage
+writes happen here, in the calling thread, in the order the runs were asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialRun, TrialSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FreshJob:
+    """One configuration to re-measure ``runs`` times, stored against trial ``number``."""
+
+    spec: TrialSpec
+    """The configuration."""
+    number: int
+    """The trial the runs are stored against (kind ``reverify``)."""
+    run_name: str
+    """Run folders are ``<runs_dir>/<run_name>-<repeat>``."""
+    phase: str
+    """What the progress display says while it runs."""
+    check: bool = True
+    """Compare each run's numerics with the study's reference."""
+
+
+Launch = Callable[[TrialRun, Path], TrialResult]
+"""Runs one fresh measurement (``launch_trial`` with the search's timeout)."""
+
+
+def run_batch(
+    jobs: Sequence[FreshJob],
+    *,
+    runs: int,
+    make_run: Callable[[TrialSpec], TrialRun],
+    runs_dir: Path,
+    devices: Sequence[str],
+    launch: Launch,
+    on_phase: Callable[[str], None],
+) -> list[list[TrialResult]]:
+    """Measure every job ``runs`` times; with several devices, the runs go out in parallel.
+
+    Args:
+        jobs: the configurations, in the order their results are returned.
+        runs: fresh runs per job.
+        make_run: the `TrialRun` of a spec for this search (its device is replaced by the
+            slot's when ``devices`` has more than one entry).
+        runs_dir: the study's run folder.
+        devices: the device slots (``cuda:0``, ``cuda:1``, ...); one run per slot at a time.
+        launch: measures one run in a fresh process.
+        on_phase: progress.
+
+    Returns:
+        Each job's results, in run order.
+    """
+    tasks = [(index, repeat) for index in range(len(jobs)) for repeat in range(runs)]
+    results: list[list[TrialResult | None]] = [[None] * runs for _ in jobs]
+
+    def prepared(index: int, repeat: int, device: str | None) -> tuple[TrialRun, Path]:
+        run = make_run(jobs[index].spec)
+        if device is not None:
+            run = dataclasses.replace(run, device=device)
+        return run, runs_dir / f"{jobs[index].run_name}-{repeat}"
+
+    if len(devices) <= 1:
+        for index, repeat in tasks:
+            on_phase(f"{jobs[index].phase} ({repeat + 1}/{runs})")
+            results[index][repeat] = launch(*prepared(index, repeat, None))
+        return [[r for r in rs if r is not None] for rs in results]
+
+    free: queue.Queue[str] = queue.Queue()
+    for device in devices:
+        free.put(device)
+
+    def one(index: int, repeat: int) -> TrialResult:
+        device = free.get()
+        try:
+            return launch(*prepared(index, repeat, device))
+        finally:
+            free.put(device)
+
+    names = ", ".join(dict.fromkeys(job.phase for job in jobs))
+    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+        futures: dict[tuple[int, int], Future[TrialResult]] = {
+            task: pool.submit(one, *task) for task in tasks
+        }
+        for done, (index, repeat) in enumerate(tasks, start=1):
+            on_phase(f"{names}: {len(tasks)} runs on {len(devices)} devices ({done}/{len(tasks)})")
+            results[index][repeat] = futures[(index, repeat)].result()
+    return [[r for r in rs if r is not None] for rs in results]
+
+
+def launcher(timeout_s: float) -> Launch:
+    """`launch_trial` with the search's timeout."""
+
+    def launch(run: TrialRun, run_dir: Path) -> TrialResult:
+        return launch_trial(run, run_dir=run_dir, timeout_s=timeout_s)
+
+    return launch

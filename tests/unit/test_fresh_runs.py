@@ -1,0 +1,73 @@
+"""Re-measurements go to every GPU of the search at once (issue 10), one run per GPU at a
+time, results in the order asked; on one device they run one after another."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from budgettune.search.fresh import FreshJob, run_batch
+from budgettune.trial.results import TrialOutcome, TrialResult
+from budgettune.trial.spec import TrialRun, TrialSpec
+
+
+def _jobs(n: int) -> list[FreshJob]:
+    return [
+        FreshJob(spec=TrialSpec(seed=i), number=i, run_name=f"reverify-{i:04d}", phase=f"job {i}")
+        for i in range(n)
+    ]
+
+
+class _Launcher:
+    """Records which device ran what, and how many runs overlapped on each device."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.busy: dict[str, int] = {}
+        self.most_at_once = 0
+        self.most_per_device = 0
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, run: TrialRun, run_dir: Path) -> TrialResult:
+        with self.lock:
+            self.busy[run.device] = self.busy.get(run.device, 0) + 1
+            self.most_per_device = max(self.most_per_device, self.busy[run.device])
+            self.most_at_once = max(self.most_at_once, sum(self.busy.values()))
+            self.seen.append((run.device, run_dir.name))
+        time.sleep(0.05)
+        with self.lock:
+            self.busy[run.device] -= 1
+        return TrialResult(outcome=TrialOutcome.CRASHED, error=f"{run.spec.seed}:{run_dir.name}")
+
+
+def _make_run(spec: TrialSpec) -> TrialRun:
+    return TrialRun(spec=spec, workload="builtin:tiny-gpt", device="cuda")
+
+
+def test_runs_spread_over_every_device_one_at_a_time_each(tmp_path: Path) -> None:
+    launch = _Launcher()
+    phases: list[str] = []
+    results = run_batch(
+        _jobs(3), runs=2, make_run=_make_run, runs_dir=tmp_path,
+        devices=("cuda:0", "cuda:1"), launch=launch, on_phase=phases.append,
+    )  # fmt: skip
+    # in the order asked, whatever order they finished in
+    assert [[r.error for r in rs] for rs in results] == [
+        [f"{i}:reverify-{i:04d}-{repeat}" for repeat in range(2)] for i in range(3)
+    ]
+    assert {device for device, _ in launch.seen} == {"cuda:0", "cuda:1"}
+    assert launch.most_at_once == 2 and launch.most_per_device == 1
+    assert phases[-1].endswith("6 runs on 2 devices (6/6)")
+
+
+def test_one_device_runs_one_after_another_on_the_searchs_device(tmp_path: Path) -> None:
+    launch = _Launcher()
+    phases: list[str] = []
+    results = run_batch(
+        _jobs(2), runs=2, make_run=_make_run, runs_dir=tmp_path,
+        devices=(), launch=launch, on_phase=phases.append,
+    )  # fmt: skip
+    assert [len(rs) for rs in results] == [2, 2]
+    assert launch.most_at_once == 1 and {d for d, _ in launch.seen} == {"cuda"}
+    assert phases == ["job 0 (1/2)", "job 0 (2/2)", "job 1 (1/2)", "job 1 (2/2)"]
