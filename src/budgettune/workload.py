@@ -23,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
+from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError, WorkloadError
 
 if TYPE_CHECKING:
@@ -309,26 +310,6 @@ def load_workload(
     if workload.blocks is None:
         workload = dataclasses.replace(workload, blocks=find_blocks(workload.model))
     return workload
-
-
-def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a model: its longest `nn.ModuleList` whose children share a class.
-
-    Every submodule is searched; on a tie the first in `named_modules` order wins.
-
-    Returns:
-        The blocks, or an empty list when the model has no such list.
-    """
-    from torch import nn
-
-    best: list[nn.Module] = []
-    for module in model.modules():
-        if not isinstance(module, nn.ModuleList) or len(module) <= len(best):
-            continue
-        children = list(module)
-        if len({type(child) for child in children}) == 1:
-            best = children
-    return best
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

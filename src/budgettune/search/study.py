@@ -144,6 +144,8 @@ def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
         "device_name": result.device_name,
         "torch_version": result.torch_version,
     }
+    if result.model_changes:
+        attrs["model_changes"] = list(result.model_changes)
     m = result.measurement
     if m is not None:
         attrs.update(
