@@ -16,8 +16,9 @@ def find_blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a model, found by parameter structure.
 
     Candidates are the `nn.ModuleList` (a one-layer model has one block) and `nn.Sequential`
-    (two children or more) containers anywhere in the tree whose children share one class; the one whose children hold the most
-    parameter elements wins (then the longest, then the first in `named_modules` order). So
+    (two children or more) containers anywhere in the tree whose children share one class;
+    the one whose children hold the most parameter elements wins (then the longest, then the
+    first in `named_modules` order). So
     GPT-2's ``transformer.h``, Llama's ``model.layers``, BERT's ``encoder.layer``, ViT's
     ``encoder.layer`` and a mixture-of-experts model's decoder layers are found, and never an
     experts list inside one layer (it holds a fraction of the layer's parameters).
