@@ -40,7 +40,9 @@ def trial(
     workload: Annotated[
         str,
         typer.Option(
-            "--workload", "-w", help="builtin:NAME, path/to/file.py:fn or pkg.module:fn."
+            "--workload",
+            "-w",
+            help="builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn.",
         ),
     ] = "builtin:tiny-gpt",
     option: Annotated[
