@@ -242,6 +242,8 @@ def build_pin(
         "workload_options": dict(search.workload_options),
         "device": search.device,
         "spec": candidate.spec.to_json_dict(),
+        # What the trials changed in the model besides the knobs; `compile` does it again.
+        "model_changes": list(first.model_changes),
         "limit_bytes": search.max_mem_bytes,
         "mem_metric": search.mem_metric,
         "margin": search.margin,
@@ -318,8 +320,8 @@ class PinnedConfig:
 
         Warns with `StalePinWarning` when the parameter count differs from the pinned workload.
         """
+        from budgettune.blocks import find_blocks
         from budgettune.trial.recompute import apply_to_model
-        from budgettune.workload import find_blocks
 
         expected = (self.fingerprint.get("workload") or {}).get("param_count")
         count = sum(p.numel() for p in model.parameters())
@@ -336,7 +338,7 @@ class PinnedConfig:
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The same optimizer rebuilt with the pinned implementation flag (as written: itself)."""
-        from budgettune.trial.recompute import rebuild_optimizer
+        from budgettune.trial.optimizers import rebuild_optimizer
 
         return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
 

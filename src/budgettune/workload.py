@@ -23,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
+from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError, WorkloadError
 
 if TYPE_CHECKING:
@@ -87,7 +88,9 @@ BUILTINS: tuple[BuiltinWorkload, ...] = (
 )
 """The built-in workloads, referenced as ``builtin:NAME``."""
 
-_ACCEPTED_FORMS = "builtin:NAME, path/to/file.py:fn or pkg.module:fn"
+_ACCEPTED_FORMS = "builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn"
+HF_INSTALL_HINT = "hf: workloads need transformers: pip install 'budgettune[hf]'"
+_HF_TARGET = "budgettune.workloads.hf:build"
 _MODULE_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _log = logging.getLogger(__name__)
 
@@ -110,7 +113,7 @@ class _Reference:
     """A parsed workload reference."""
 
     kind: str
-    """``builtin``, ``file`` or ``module``."""
+    """``builtin``, ``hf``, ``file`` or ``module``."""
     location: str
     """The builtin name, the file path or the dotted module name."""
     function: str
@@ -135,9 +138,21 @@ def _parse_builtin(ref: str) -> _Reference:
     return _Reference(kind="builtin", location=name, function="build")
 
 
+def _parse_hf(ref: str) -> _Reference:
+    source = ref.strip().removeprefix("hf:")
+    if not source:
+        raise WorkloadError(
+            f"workload reference {ref!r}: write hf:DIR (a folder with config.json) or "
+            "hf:MODEL_TYPE (e.g. hf:gpt2, hf:llama)"
+        )
+    return _Reference(kind="hf", location=source, function="build")
+
+
 def _reference(ref: str) -> _Reference:
     if ref.strip().startswith("builtin:"):
         return _parse_builtin(ref)
+    if ref.strip().startswith("hf:"):
+        return _parse_hf(ref)
     return _parse(ref)
 
 
@@ -169,7 +184,13 @@ def check_reference(ref: str) -> None:
         WorkloadError: with one line saying what is wrong and the accepted forms.
     """
     parsed = _reference(ref)
-    if parsed.kind == "file":
+    if parsed.kind == "hf":
+        if importlib.util.find_spec("transformers") is None:
+            raise WorkloadError(HF_INSTALL_HINT)
+        folder = Path(parsed.location)
+        if (folder.exists() or "/" in parsed.location) and not (folder / "config.json").is_file():
+            raise WorkloadError(f"{ref}: no config.json in the folder {parsed.location}")
+    elif parsed.kind == "file":
         path = Path(parsed.location)
         if not path.is_file():
             raise WorkloadError(f"workload file {parsed.location} not found (reference {ref!r})")
@@ -224,8 +245,9 @@ def _import_file(path: Path) -> ModuleType:
 
 
 def _resolve(ref: str, parsed: _Reference) -> Callable[..., Any]:
-    if parsed.kind == "builtin":
-        module_name, _, function = builtin_workload(parsed.location).target.partition(":")
+    if parsed.kind in ("builtin", "hf"):
+        target = _HF_TARGET if parsed.kind == "hf" else builtin_workload(parsed.location).target
+        module_name, _, function = target.partition(":")
         return cast(Callable[..., Any], getattr(importlib.import_module(module_name), function))
     if parsed.kind == "file":
         check_reference(ref)
@@ -293,10 +315,15 @@ def load_workload(
     """
     options = dict(options or {})
     parsed = _reference(ref)
+    if parsed.kind == "hf":
+        check_reference(ref)
+        options["source"] = parsed.location
     fn = _resolve(ref, parsed)
     _check_options(ref, fn, options)
     try:
         workload = fn(device, **options)
+    except WorkloadError:
+        raise  # already one line (the hf: builder's own checks)
     except Exception as exc:
         _log.error("workload %s raised", ref, exc_info=exc)
         raise WorkloadError(
@@ -309,26 +336,6 @@ def load_workload(
     if workload.blocks is None:
         workload = dataclasses.replace(workload, blocks=find_blocks(workload.model))
     return workload
-
-
-def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a model: its longest `nn.ModuleList` whose children share a class.
-
-    Every submodule is searched; on a tie the first in `named_modules` order wins.
-
-    Returns:
-        The blocks, or an empty list when the model has no such list.
-    """
-    from torch import nn
-
-    best: list[nn.Module] = []
-    for module in model.modules():
-        if not isinstance(module, nn.ModuleList) or len(module) <= len(best):
-            continue
-        children = list(module)
-        if len({type(child) for child in children}) == 1:
-            best = children
-    return best
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

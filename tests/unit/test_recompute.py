@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -200,9 +201,12 @@ def test_prepare_finds_blocks_and_requires_them() -> None:
     step = recompute.prepare(workload, spec, CPU)
     assert all(hasattr(b, block_ac._BLOCK_AC_MARK) for b in step.model.layers)
     flat = tiny_lm_workload(blocks=False)
-    flat.model.layers = torch.nn.Sequential(*flat.model.layers)  # no ModuleList any more
+    flat.model.layers = torch.nn.Sequential(*flat.model.layers)  # a Sequential is found too
+    step = recompute.prepare(flat, spec, CPU)
+    assert all(hasattr(b, block_ac._BLOCK_AC_MARK) for b in step.model.layers)
+    linear = dataclasses.replace(flat, model=torch.nn.Linear(2, 2), blocks=None)
     with pytest.raises(SpecError, match="repeated blocks"):
-        recompute.prepare(flat, spec, CPU)
+        recompute.prepare(linear, spec, CPU)
 
 
 # --------------------------------------------------------------------------- optimizer

@@ -81,7 +81,7 @@ def test_check_reference_rejects(ref: str, message: str) -> None:
     assert "\n" not in text
     assert isinstance(info.value, UsageError)
     if "malformed" in message:
-        assert "builtin:NAME, path/to/file.py:fn or pkg.module:fn" in text
+        assert "builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn" in text
 
 
 def test_check_reference_does_not_import_user_code(tmp_path: Path) -> None:

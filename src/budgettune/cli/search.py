@@ -52,7 +52,9 @@ def search(
     workload: Annotated[
         str | None,
         typer.Option(
-            "--workload", "-w", help="builtin:NAME, path/to/file.py:fn or pkg.module:fn."
+            "--workload",
+            "-w",
+            help="builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn.",
         ),
     ] = None,
     option: Annotated[

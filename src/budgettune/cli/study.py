@@ -44,6 +44,8 @@ def show(
         stdout.print("no feasible trial yet")
     if report.advice:
         stdout.print(f"note: {report.advice}")
+    for line in report.excluded:
+        stdout.print(f"excluded after crashes: {line}", highlight=False)
     if report.pin is not None:
         stdout.print(pin_table(dict(report.pin), title="current pin"))
 

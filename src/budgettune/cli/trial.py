@@ -31,6 +31,12 @@ def workloads() -> None:
     table = Table("workload", "device", "what it is")
     for entry in BUILTINS:
         table.add_row(f"builtin:{entry.name}", entry.default_device, entry.description)
+    table.add_row(
+        "hf:DIR_OR_TYPE",
+        "cuda/cpu",
+        "a transformers model from a folder's config.json or a model type (gpt2, llama, ...), "
+        "random weights, -o KEY=VALUE config overrides (pip install 'budgettune[hf]')",
+    )
     stdout.print(table)
 
 
@@ -40,7 +46,9 @@ def trial(
     workload: Annotated[
         str,
         typer.Option(
-            "--workload", "-w", help="builtin:NAME, path/to/file.py:fn or pkg.module:fn."
+            "--workload",
+            "-w",
+            help="builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn.",
         ),
     ] = "builtin:tiny-gpt",
     option: Annotated[

@@ -18,7 +18,9 @@ from budgettune.errors import StudyNotFoundError, UsageError
 from budgettune.pinning import allocator_advice, phase_advice
 from budgettune.storage.trials import (
     BASELINE_ATTR,
+    EXCLUDED_ATTR,
     baseline_status,
+    describe_exclusion,
     full_ac_step_ms,
     is_feasible,
     unconstrained_baseline,
@@ -87,6 +89,8 @@ class StudyReport:
     """The latest pin of the study."""
     advice: str
     """Said when recompute cannot help (the peak sits in the optimizer step)."""
+    excluded: tuple[str, ...] = ()
+    """One line per knob value the search stopped proposing after it crashed."""
 
 
 def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
@@ -221,4 +225,5 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         pareto=tuple(pareto_front(rows)),
         pin=_as_dict(store.latest_pin(name)),
         advice="; ".join(a for a in advice if a),
+        excluded=tuple(describe_exclusion(e) for e in study.user_attrs.get(EXCLUDED_ATTR, [])),
     )

@@ -30,6 +30,8 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
         )
         table.add_row("compile", f"{m.compile_s:.1f} s")
         table.add_row("first-step loss", f"{m.loss:.6g} (grad norm {m.grad_norm:.6g})")
+    if result.model_changes:
+        table.add_row("model changed", ", ".join(result.model_changes))
     if result.error:
         table.add_row("error", result.error)
     table.add_row("device", f"{result.device_name} (torch {result.torch_version})")
@@ -48,6 +50,8 @@ def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
     measured = pin["measured"]
     metric = pin["mem_metric"]
     table.add_row("config", TrialSpec.from_json_dict(pin["spec"]).describe())
+    if pin.get("model_changes"):
+        table.add_row("model changed", ", ".join(pin["model_changes"]))
     table.add_row("limit", f"{format_bytes(pin['limit_bytes'])} ({metric})")
     table.add_row(
         f"peak {metric}",

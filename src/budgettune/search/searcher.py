@@ -29,6 +29,7 @@ from budgettune.errors import BudgettuneError, UsageError, WorkloadFailedError
 from budgettune.pinning import (
     margin_violation_bytes,
 )
+from budgettune.search.crash_memory import find_exclusions, narrow
 from budgettune.search.fresh import FreshJob, launcher, run_batch
 from budgettune.search.numerics import check_numerics
 from budgettune.search.space import suggest_spec
@@ -50,8 +51,10 @@ from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, count_tr
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
+    EXCLUDED_ATTR,
     UNCONSTRAINED,
     best_feasible_ms,
+    describe_exclusion,
     unconstrained_baseline,
 )
 from budgettune.trial.launcher import launch_trial
@@ -205,7 +208,8 @@ class Searcher:
             # suggest_spec still runs so the params match the distributions.
             suggest_spec(trial, self.search.space, self.search.base)
             return TrialSpec.from_json_dict(enqueued)
-        return suggest_spec(trial, self.search.space, self.search.base)
+        excluded = self.study.user_attrs.get(EXCLUDED_ATTR, [])
+        return suggest_spec(trial, narrow(self.search.space, excluded), self.search.base)
 
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
@@ -238,6 +242,8 @@ class Searcher:
             violation = float(limit)
         else:
             self._emit(trial.number, spec, result)
+            if result.outcome is TrialOutcome.CRASHED:
+                self.learn_from_crash()
             if result.failed_stage == "workload":
                 # Every configuration would fail alike (on a GPU a build can take minutes).
                 self.abort = WorkloadFailedError(
@@ -260,6 +266,16 @@ class Searcher:
             raise optuna.TrialPruned(f"does not fit: {result.outcome.value}")
         assert result.measurement is not None
         return result.measurement.step_time_ms
+
+    def learn_from_crash(self) -> None:
+        """Exclude knob values that crash structurally (`search.crash_memory`); say so once."""
+        excluded = list(self.study.user_attrs.get(EXCLUDED_ATTR, []))
+        trials = [(t.number, t.user_attrs) for t in self.study.get_trials(deepcopy=False)]
+        new = find_exclusions(trials, excluded)
+        if new:
+            self.study.set_user_attr(EXCLUDED_ATTR, excluded + new)
+            for entry in new:
+                self.observer.notice(f"{describe_exclusion(entry)}; not proposed again")
 
     def _below_steady(self, result: TrialResult) -> bool:
         """A limit under params + grads + optimizer state: stop the study, keep the trial."""

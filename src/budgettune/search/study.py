@@ -83,6 +83,8 @@ def default_study_name(
 ) -> str:
     """A stable name, so re-running the same command resumes the same study."""
     name = workload.split(":", 1)[-1] if workload.startswith("builtin:") else workload
+    if workload.startswith("hf:"):
+        name = "hf-" + Path(workload.split(":", 1)[1].rstrip("/")).name
     name = Path(name.split(":", 1)[0]).stem if ".py" in name else name.replace(":", "-")
     extra = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
     return f"{name}{extra}-{device.split(':')[0]}-{max_mem_bytes / 1e6:.0f}MB-{metric}"
@@ -147,6 +149,8 @@ def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
         "device_name": result.device_name,
         "torch_version": result.torch_version,
     }
+    if result.model_changes:
+        attrs["model_changes"] = list(result.model_changes)
     m = result.measurement
     if m is not None:
         attrs.update(

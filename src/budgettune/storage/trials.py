@@ -132,3 +132,19 @@ def full_ac_step_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
     if trial is None or trial.user_attrs.get("outcome") != "ok":
         return None
     return trial.user_attrs.get("step_time_ms")
+
+
+EXCLUDED_ATTR = "excluded"
+"""Study user attr: knob values the search no longer proposes, each a dict with ``knob``,
+``value``, ``reason``, ``error`` and ``trials`` (written by `search.crash_memory`)."""
+
+
+def describe_exclusion(entry: Mapping[str, Any]) -> str:
+    """One line for an exclusion: what, why, which trials, the error."""
+    knob, value = entry.get("knob"), entry.get("value")
+    what = "block AC" if knob == "block_ac" else f"{knob}={value}"
+    trials = ", ".join(str(n) for n in entry.get("trials", []))
+    return (
+        f"{what} excluded: {entry.get('reason', 'crashed')} (trial {trials}): "
+        f"{entry.get('error', '')}"
+    )

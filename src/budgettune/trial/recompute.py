@@ -15,17 +15,18 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
-import inspect
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError
 from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.hf_cache import disable_cache_for_block_ac
+from budgettune.trial.optimizers import build_optimizer, rebuild_optimizer  # noqa: F401 - re-exported
 from budgettune.trial.spec import TrialRun, TrialSpec
-from budgettune.workload import find_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -208,63 +209,7 @@ def partitioner_settings(spec: TrialSpec) -> Iterator[None]:
             partitioners.get_default_op_list = original
 
 
-# --------------------------------------------------------------------------- optimizer, compile
-
-
-def build_optimizer(workload: Workload, spec: TrialSpec, params: Any) -> torch.optim.Optimizer:
-    """Build the workload's optimizer, rebuilt with the spec's implementation flag.
-
-    Args:
-        workload: gives the optimizer factory (AdamW(lr=1e-4) when it has none).
-        spec: its ``optimizer_impl`` goes to `rebuild_optimizer`.
-        params: what the factory gets, e.g. ``model.parameters()``.
-
-    Raises:
-        SpecError: when the optimizer class has no such flag.
-    """
-    import torch
-
-    optimizer: torch.optim.Optimizer
-    if workload.optimizer is None:
-        optimizer = torch.optim.AdamW(params, lr=1e-4)
-    else:
-        optimizer = workload.optimizer(params)
-    return rebuild_optimizer(optimizer, spec.optimizer_impl)
-
-
-def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
-    """The same optimizer with an implementation flag: same class, param groups and defaults.
-
-    Call before the first step (optimizer state is not carried over).
-
-    Args:
-        optimizer: a `torch.optim` optimizer (or any class taking the flag in ``__init__``).
-        impl: ``as_written`` (returns ``optimizer`` itself), ``foreach`` or ``fused`` (that flag
-            True, the other one False where the class has it).
-
-    Raises:
-        SpecError: on an unknown impl, or a class whose ``__init__`` has no such flag.
-    """
-    if impl == "as_written":
-        return optimizer
-    if impl not in ("foreach", "fused"):
-        raise SpecError(
-            f"unknown optimizer_impl {impl!r}; choose one of: as_written, foreach, fused"
-        )
-    cls = type(optimizer)
-    accepted = inspect.signature(cls.__init__).parameters
-    if impl not in accepted:
-        raise SpecError(
-            f"optimizer_impl {impl!r}: {cls.__module__}.{cls.__qualname__} takes no {impl!r} "
-            "flag; use optimizer_impl 'as_written'"
-        )
-    other = "fused" if impl == "foreach" else "foreach"
-    flags = {impl: True, **({other: False} if other in accepted else {})}
-    # defaults can hold keys __init__ does not take (AdamW: decoupled_weight_decay).
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    defaults.update(flags)
-    groups = [{**group, **flags} for group in optimizer.param_groups]
-    return cls(groups, **defaults)
+# --------------------------------------------------------------------------- compile
 
 
 def compile_model(model: nn.Module, spec: TrialSpec) -> Callable[..., Any]:
@@ -305,6 +250,8 @@ class PreparedStep:
     """Where the step runs."""
     spec: TrialSpec
     """The applied configuration."""
+    model_changes: tuple[str, ...] = ()
+    """What applying the spec changed in the model besides the knobs (``use_cache=False``)."""
 
     def forward_loss(self) -> torch.Tensor:
         """Forward and loss, inside the spec's partitioner settings (compilation happens here)."""
@@ -345,12 +292,14 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
     """
     check_spec_supported(spec, device.type)
     model = workload.model
+    model_changes: tuple[str, ...] = ()
     if spec.block_ac_every:
         blocks = list(workload.blocks) if workload.blocks is not None else find_blocks(model)
         if not blocks:
             raise SpecError(
                 "block_ac_every needs repeated blocks: pass Workload(blocks=model.layers)"
             )
+        model_changes = disable_cache_for_block_ac(model)
         apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
     optimizer = build_optimizer(workload, spec, model.parameters())
     compiled = compile_model(model, spec)
@@ -363,6 +312,7 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
         autocast_dtype=workload.autocast_dtype,
         device=device,
         spec=spec,
+        model_changes=model_changes,
     )
 
 
@@ -413,6 +363,8 @@ def apply_to_model(
         found = list(blocks) if blocks is not None else find_blocks(model)
         if not found:
             raise SpecError("block_ac_every needs repeated blocks: pass blocks=model.layers")
+        # What was measured is what runs: the trial turned a transformers model's cache off.
+        disable_cache_for_block_ac(model)
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
     if not spec.is_compiled:
         return model

@@ -126,9 +126,13 @@ class TrialResult:
     failed_stage: str = ""
     """``workload`` when the workload itself could not be imported, built or validated (before
     any knob was applied: every configuration would fail alike); else empty."""
+    model_changes: tuple[str, ...] = ()
+    """What the trial changed in the model besides the knobs, e.g. ``use_cache=False`` on a
+    `transformers` model under block AC (a training job's `pinned.compile` does the same)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", TrialOutcome(self.outcome))
+        object.__setattr__(self, "model_changes", tuple(self.model_changes))
         if self.outcome.is_measured() and self.measurement is None:
             raise SpecError(f"a {self.outcome.value} result needs a measurement")
 
@@ -147,6 +151,7 @@ class TrialResult:
                 None if self.workload_fingerprint is None else dict(self.workload_fingerprint)
             ),
             "failed_stage": self.failed_stage,
+            "model_changes": list(self.model_changes),
         }
 
     @classmethod

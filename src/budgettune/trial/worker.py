@@ -96,6 +96,7 @@ def run_trial(run: TrialRun) -> TrialResult:
         outcome=TrialOutcome.OK,
         measurement=measurement,
         workload_fingerprint=workload_fingerprint,
+        model_changes=step.model_changes,
         **info,  # type: ignore[arg-type]
     )
 

@@ -1,0 +1,174 @@
+"""Crash memory: a knob value that crashes structurally is not proposed again in the study.
+
+A crashed trial teaches TPE nothing (it has no value and no constraint), so without this the
+sampler keeps proposing what crashed: a search of a `transformers` GPT-2 lost 7 of 12 trials
+to block AC that way. Rules, read from the trials' user attrs (so every worker of a study
+agrees, and a resumed study remembers):
+
+- **Twice the same way.** Two crashed trials whose errors have the same shape (exception type
+  and message with numbers and addresses stripped) share a knob value no trial that ran (ok,
+  OOM or numerics mismatch) had: that value is excluded. When several qualify, the one held
+  by most of those crashes, then the first in `KNOBS` order (coarse before fine: block AC as
+  a whole before one stride or policy), is blamed; another repeat blames the next.
+- **Its baseline crashed.** The full block-AC baseline crashed while the unconstrained one
+  ran, and no block-AC trial ran: block AC is excluded (one trial lost).
+
+A crash whose shape does not repeat (a flaky node) excludes nothing; such trials are retried
+as before. Exclusions narrow the `SearchSpace` the way ``--fix`` and the value lists do: the
+value is dropped from its list, and a list left with one value is no longer suggested. A value
+the user fixed, or the last value of a list, is never excluded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from budgettune.search.space import SearchSpace
+from budgettune.storage.trials import BASELINE_ATTR, FULL_AC, UNCONSTRAINED
+
+RAN = ("ok", "oom", "numerics_mismatch")
+"""Outcomes that prove a configuration runs (a crash did not happen)."""
+KNOBS = (
+    "block_ac",
+    "block_ac_policy",
+    "block_ac_every",
+    "compile_mode",
+    "knapsack_solver",
+    "runtime_estimator",
+    "optimizer_impl",
+    "cuda_alloc_conf",
+)
+"""Knobs a crash can be blamed on, coarse first (``block_ac`` is block AC on at all)."""
+_SPACE_FIELD = {
+    "block_ac_policy": "block_ac_policies",
+    "compile_mode": "compile_modes",
+    "knapsack_solver": "knapsack_solvers",
+    "runtime_estimator": "runtime_estimators",
+    "optimizer_impl": "optimizer_impls",
+    "cuda_alloc_conf": "cuda_alloc_confs",
+}
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
+
+
+def error_shape(error: str) -> str:
+    """An error's shape: its first line with numbers and addresses replaced by ``N``."""
+    first = error.strip().splitlines()[0] if error.strip() else ""
+    return _NUMBERS.sub("N", first)
+
+
+def knob_values(spec: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The (knob, value) pairs a crash of ``spec`` (a TrialSpec JSON dict) may be blamed on."""
+    every = int(spec.get("block_ac_every", 0))
+    compiled = spec.get("compile_mode", "default") != "eager"
+    values: list[tuple[str, Any]] = []
+    if every > 0:
+        values += [
+            ("block_ac", "on"),
+            ("block_ac_policy", spec.get("block_ac_policy", "full")),
+            ("block_ac_every", every),
+        ]
+    values.append(("compile_mode", spec.get("compile_mode", "default")))
+    if compiled and float(spec.get("activation_memory_budget", 1.0)) < 1.0:
+        values.append(("knapsack_solver", spec.get("knapsack_solver", "dp")))
+        values.append(("runtime_estimator", spec.get("runtime_estimator", "flops")))
+    values.append(("optimizer_impl", spec.get("optimizer_impl", "as_written")))
+    values.append(("cuda_alloc_conf", spec.get("cuda_alloc_conf", "")))
+    return values
+
+
+def _entry(knob: str, value: Any, reason: str, error: str, trials: Sequence[int]) -> dict:
+    return {
+        "knob": knob,
+        "value": value,
+        "reason": reason,
+        "error": error[:300],
+        "trials": sorted(trials),
+    }
+
+
+def find_exclusions(
+    trials: Iterable[tuple[int, Mapping[str, Any]]], excluded: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The exclusions the study's trials call for that ``excluded`` does not hold yet.
+
+    Args:
+        trials: ``(number, user_attrs)`` of the study's trials (running ones included: the
+            objective sets a crashed trial's attrs before Optuna marks it failed).
+        excluded: the study's current exclusions.
+
+    Returns:
+        New exclusion entries (see `storage.trials.EXCLUDED_ATTR`), at most one per shape.
+    """
+    known = {(e["knob"], e["value"]) for e in excluded}
+    ran: set[tuple[str, Any]] = set()
+    crashes: dict[str, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
+    baselines: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for number, attrs in trials:
+        outcome, spec = attrs.get("outcome"), attrs.get("spec")
+        if outcome is None or spec is None:
+            continue
+        if attrs.get(BASELINE_ATTR) in (UNCONSTRAINED, FULL_AC):
+            baselines[attrs[BASELINE_ATTR]] = (number, attrs)
+        if outcome in RAN:
+            ran.update(knob_values(spec))
+        elif outcome == "crashed":
+            crashes[error_shape(attrs.get("error", ""))].append((number, attrs))
+    new: list[dict[str, Any]] = []
+
+    def blameable(pair: tuple[str, Any]) -> bool:
+        return (
+            pair not in ran
+            and pair not in known
+            and all((e["knob"], e["value"]) != pair for e in new)
+        )
+
+    full_ac = baselines.get(FULL_AC)
+    unconstrained = baselines.get(UNCONSTRAINED)
+    if (
+        full_ac is not None
+        and full_ac[1]["outcome"] == "crashed"
+        and unconstrained is not None
+        and unconstrained[1]["outcome"] in RAN
+        and blameable(("block_ac", "on"))
+    ):
+        new.append(
+            _entry("block_ac", "on", "its baseline crashed", full_ac[1]["error"], [full_ac[0]])
+        )
+    for shape, group in crashes.items():
+        if len(group) < 2 or not shape:
+            continue
+        counts: Counter[tuple[str, Any]] = Counter()
+        for _, attrs in group:
+            counts.update(set(knob_values(attrs["spec"])))
+        candidates = [pair for pair, n in counts.items() if n >= 2 and blameable(pair)]
+        if not candidates:
+            continue
+        pair = min(candidates, key=lambda p: (-counts[p], KNOBS.index(p[0])))
+        holders = [n for n, attrs in group if pair in knob_values(attrs["spec"])]
+        error = group[-1][1].get("error", "")
+        new.append(_entry(*pair, f"crashed the same way {len(holders)} times", error, holders))
+    return new
+
+
+def narrow(space: SearchSpace, excluded: Sequence[Mapping[str, Any]]) -> SearchSpace:
+    """``space`` without the excluded values (never a fixed knob, never a list's last value)."""
+    changes: dict[str, tuple] = {}
+    for entry in excluded:
+        knob, value = entry.get("knob"), entry.get("value")
+        if knob in space.fixed or (knob == "block_ac" and "block_ac_every" in space.fixed):
+            continue
+        if knob in ("block_ac", "block_ac_every"):
+            field, current = "block_ac_every", changes.get("block_ac_every", space.block_ac_every)
+            kept = tuple(k for k in current if (k == 0 if knob == "block_ac" else k != value))
+        elif knob in _SPACE_FIELD:
+            field = _SPACE_FIELD[knob]
+            current = changes.get(field, getattr(space, field))
+            kept = tuple(v for v in current if v != value)
+        else:
+            continue
+        if kept:
+            changes[field] = kept
+    return space.replace(**changes) if changes else space

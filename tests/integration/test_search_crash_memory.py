@@ -1,0 +1,46 @@
+"""A search whose block AC crashes (issue 9): it spends at most 2 trials on it and says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from typer.testing import CliRunner
+
+from budgettune.cli import app
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "faulty_workloads.py"
+runner = CliRunner()
+
+
+def test_block_ac_that_crashes_is_excluded_after_its_baseline(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'bt.db'}"
+    result = runner.invoke(
+        app,
+        [
+            "search", "--workload", f"{FIXTURES}:crashes_under_block_ac", "--device", "cpu",
+            "--max-mem", "1GB", "--trials", "7", "--storage", db, "--study", "s",
+            "--ac-every", "0,1,2", "--ac-policies", "full,op", "--solvers", "dp",
+            "--optimizer-impls", "as_written", "--remove-ops", "", "--add-ops", "",
+            "--backend", "aot_eager_decomp_partition", "--warmup-steps", "1",
+            "--timed-steps", "1", "--top-k", "1", "--reverify", "1", "--seed", "3",
+        ],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "block AC excluded: its baseline crashed" in result.output
+    assert result.output.count("block AC excluded") == 1  # said once
+    trials = optuna.load_study(study_name="s", storage=db).get_trials(deepcopy=False)
+    ran = [t for t in trials if "spec" in t.user_attrs]
+    assert len(ran) == 7
+    crashed = [t for t in ran if t.user_attrs["outcome"] == "crashed"]
+    assert 1 <= len(crashed) <= 2
+    assert all(t.user_attrs["spec"]["block_ac_every"] > 0 for t in crashed)
+    # Everything after the exclusion ran without block AC.
+    after = [t for t in ran if t.number > max(c.number for c in crashed)]
+    assert after and all(t.user_attrs["spec"]["block_ac_every"] == 0 for t in after)
+    shown = runner.invoke(app, ["show", "--storage", db, "--study", "s"])
+    assert shown.exit_code == 0, shown.output
+    assert "excluded after crashes: block AC excluded: its baseline crashed" in shown.output
+    assert "The expanded size of the tensor" in shown.output
