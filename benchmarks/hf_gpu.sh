@@ -59,15 +59,24 @@ lane() {  # lane GPU POLICY NAME LIMIT WORKLOAD...
 
 export -f lane
 export OUT TRIALS
+# On a one-GPU host run one lane per command: ONLY=gpt2 (GPU 0) or ONLY=llama LLAMA_GPU=0.
+ONLY=${ONLY:-}
+LLAMA_GPU=${LLAMA_GPU:-1}
+echo "lanes: ${ONLY:-both}" >> "$OUT/device.txt"
 begin=$(date +%s)
-timeout "$LANE_S" bash -c "$(declare -p GPT2 SEARCH); lane 0 op gpt2-medium $GPT2_LIMIT \
-    ${GPT2[*]}" &
-timeout "$LANE_S" bash -c "$(declare -p GPT2 SEARCH); lane 1 full llama-1b $LLAMA_LIMIT \
-    ${LLAMA[*]}" &
+if [ "$ONLY" != llama ]; then
+    timeout "$LANE_S" bash -c "$(declare -p GPT2 SEARCH); lane 0 op gpt2-medium $GPT2_LIMIT \
+        ${GPT2[*]}" &
+fi
+if [ "$ONLY" != gpt2 ]; then
+    timeout "$LANE_S" bash -c "$(declare -p GPT2 SEARCH); lane $LLAMA_GPU full llama-1b \
+        $LLAMA_LIMIT ${LLAMA[*]}" &
+fi
 wait
 echo "total $(( $(date +%s) - begin )) s" >> "$OUT/device.txt"
 # A lane cut by the cap still has its study: show it.
 for name in gpt2-medium llama-1b; do
+    [ -e "$OUT/$name.db" ] || continue
     [ -s "$OUT/show-$name.txt" ] || python3 -m budgettune show --storage "$OUT/$name.db" \
         --study "$name" > "$OUT/show-$name.txt" 2>&1
     find "/tmp/hf-runs/$name" -name trial.log -printf '== %p\n' -exec tail -n 40 {} \; \
