@@ -196,6 +196,21 @@ def prepare_sharded(
     )
 
 
+def sharded_mesh(model: nn.Module, pinned_world: int, running_world: int) -> DeviceMesh | None:
+    """The 1-D mesh of a job under torchrun, for a pin measured sharded; None when the pin is
+    of one rank, the job is not sharded, or its process group is not initialised."""
+    import torch.distributed as dist
+
+    if pinned_world < 2 or running_world < 2:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
+    return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
 def apply_sharded(
     model: nn.Module,
     spec: TrialSpec,

@@ -163,8 +163,16 @@ def memory_split(ranks: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     }
 
 
-def world_size_warning(*, pinned_world: int, running_world: int, split: Mapping[str, int]) -> str:
+def world_size_warning(
+    *, pinned_world: int, running_world: int, split: Mapping[str, int] | None
+) -> str:
     """What to tell a job started with another world size than the pin was measured with."""
+    rerun = f"re-run `budgettune search --nproc-per-node {running_world}`"
+    if not split:
+        return (
+            f"the pin was measured with world size {pinned_world}, this job runs "
+            f"{running_world}: its per-rank memory differs; {rerun}"
+        )
     state, acts = split["sharded_state_bytes"], split["activation_bytes"]
     expected = state * pinned_world / max(running_world, 1) + acts
     return (
@@ -172,5 +180,30 @@ def world_size_warning(*, pinned_world: int, running_world: int, split: Mapping[
         f"per rank the sharded state was {state / 1e9:.2f} GB (it scales with 1/world size) "
         f"and activations {acts / 1e9:.2f} GB (they do not), so expect about "
         f"{expected / 1e9:.2f} GB per rank, not the pinned {(state + acts) / 1e9:.2f} GB; "
-        f"re-run `budgettune search --nproc-per-node {running_world}`"
+        f"{rerun}"
     )
+
+
+def per_rank_figures(results: Sequence[TrialResult], mem_metric: str) -> list[dict[str, Any]]:
+    """Each rank's figures over fresh runs of one configuration (the pin's ``per_rank``): the
+    worst peak on the metric and allocated, the steady (sharded state) bytes, the median
+    step time."""
+    by_rank: dict[int, list[Measurement]] = {}
+    for result in results:
+        for figures in result.ranks:
+            if figures.measurement is not None:
+                by_rank.setdefault(figures.rank, []).append(figures.measurement)
+    rows = []
+    for rank in sorted(by_rank):
+        runs = by_rank[rank]
+        times = sorted(m.step_time_ms for m in runs)
+        rows.append(
+            {
+                "rank": rank,
+                "peak_worst_bytes": max(m.peak_bytes(mem_metric) for m in runs),
+                "peak_allocated_bytes": max(m.peak_allocated_bytes for m in runs),
+                "steady_bytes": max(m.steady_bytes for m in runs),
+                "step_time_ms": times[len(times) // 2],
+            }
+        )
+    return rows
