@@ -39,7 +39,7 @@ def test_a_failing_rank_ends_the_trial_and_is_named(
     run = TrialRun(
         spec=EAGER,
         workload=f"{FIXTURE}:build",
-        workload_options={"fault": fault},
+        workload_options={"fault": fault, "hook_dir": str(tmp_path)},
         nproc_per_node=2,
         collective_timeout_s=60,
     )
@@ -53,6 +53,9 @@ def test_a_failing_rank_ends_the_trial_and_is_named(
     assert result.ranks[0].outcome is not TrialOutcome.OK  # rank 0 did not finish alone
     stored = json.loads((tmp_path / "RESULT.json").read_text())
     assert stored["failed_rank"] == 1 and len(stored["ranks"]) == 2
+    # the workload's own parallelize(model, mesh) sharded it, on both ranks, with a 2-rank mesh
+    for rank in (0, 1):
+        assert (tmp_path / f"hook.rank{rank}").read_text() == "2"
 
 
 def test_sharded_search_pins_and_the_pin_reproduces_under_torchrun(tmp_path: Path) -> None:

@@ -148,9 +148,9 @@ class Searcher:
             study.set_user_attr(SEARCH_ATTR, wanted)
         elif stored != wanted:
             diff = ", ".join(
-                f"{k}: stored {stored.get(k)!r} vs given {v!r}"
-                for k, v in wanted.items()
-                if stored.get(k) != v
+                f"{k}: stored {stored.get(k)!r} vs given {wanted.get(k)!r}"
+                for k in sorted(set(stored) | set(wanted))
+                if stored.get(k) != wanted.get(k)
             )
             raise UsageError(
                 f"study {self.search.study_name!r} was made for another search ({diff}); "
