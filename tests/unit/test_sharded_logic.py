@@ -198,3 +198,48 @@ def test_a_pin_applied_with_another_world_size_warns_with_the_split(
 def test_rank_figures_round_trip() -> None:
     figures = RankFigures(rank=1, outcome=TrialOutcome.OOM, error="OutOfMemoryError")
     assert RankFigures.from_json_dict(figures.to_json_dict()) == figures
+
+
+def test_dashboard_note_and_points_show_ranks_and_op_sac() -> None:
+    import optuna
+
+    from budgettune.present.dashboard_views import study_note, trial_points
+
+    trial = optuna.trial.create_trial(
+        value=290.0,
+        user_attrs={
+            "outcome": "ok",
+            "spec": TrialSpec(activation_memory_budget=0.5).to_json_dict(),
+            "peak_allocated_bytes": 40_500_000_000,
+            "step_time_ms": 290.0,
+            "constraint": [-1.0],
+            "world_size": 2,
+            "ranks": [
+                {"rank": 0, "outcome": "ok", "peak_allocated_bytes": 40_000_000_000},
+                {"rank": 1, "outcome": "ok", "peak_allocated_bytes": 40_500_000_000},
+            ],
+        },
+    )
+    (point,) = trial_points([trial], "allocated")
+    assert point.rank_peaks == (40_000_000_000, 40_500_000_000)
+    pin = {
+        "trial_number": 0,
+        "spec": TrialSpec(activation_memory_budget=0.5).to_json_dict(),
+        "mem_metric": "allocated",
+        "limit_bytes": 42_000_000_000,
+        "measured": {
+            "runs": 1,
+            "peak_worst_bytes": 40_500_000_000,
+            "step_time_ms": 290.0,
+            "per_rank": [
+                {"rank": r, "peak_worst_bytes": 4e10, "steady_bytes": 9e9, "step_time_ms": 290.0}
+                for r in (0, 1)
+            ],
+        },
+        "op_sac": {"slowdown": -0.017, "step_time_ms": 295.0, "peak_bytes": 3.76e10, "fits": True},
+        "world_size": 2,
+        "sharding": "fsdp2",
+    }
+    note = study_note(study_name="s", search={}, points=[point], num_failed=0, pin=pin)
+    assert "slowdown vs torchtitan op SAC | -1.7%" in note
+    assert "| world size | 2 ranks, fsdp2 |" in note and "| rank 1 | peak 40.00 GB" in note
