@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import PinnedConfigError, SpecError
+from budgettune.trial.ranks import memory_split, per_rank_figures, world_size_warning
 from budgettune.trial.results import TrialResult, write_json_atomically
 from budgettune.trial.spec import TrialSpec
 
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
     from budgettune.search.spec import SearchSpec
 
 SCHEMA_VERSION = 1
+SHARDING = (
+    "fsdp2 under torchrun, torchtitan order: block AC, per-block torch.compile(fullgraph=True), "
+    "then the workload's parallelize(model, mesh) or fully_shard per block and at the root"
+)
+"""The pin's ``sharding`` for a study of several ranks per trial (``none`` for one)."""
 
 
 class StalePinWarning(UserWarning):
@@ -196,6 +202,8 @@ def build_pin(
     baseline_status: str = "ok",
     full_ac: Mapping[str, Any] | None = None,
     full_ac_results: Sequence[TrialResult] = (),
+    op_sac: Mapping[str, Any] | None = None,
+    op_sac_results: Sequence[TrialResult] = (),
 ) -> dict[str, Any]:
     """The pinned-config document (schema version 1, DESIGN.md §3).
 
@@ -208,6 +216,8 @@ def build_pin(
             baseline cannot be run under the limit: then full AC is the user's real
             alternative, and the pin's slowdown against it is reported as ``full_ac``.
         full_ac_results: its fresh re-measurements.
+        op_sac: user attrs of torchtitan's op SAC baseline (sharded studies), with ``fits``.
+        op_sac_results: its fresh re-measurements.
     """
     measured = _figures(reverify_results, search.mem_metric)
     first = reverify_results[0]
@@ -223,6 +233,19 @@ def build_pin(
         mem_metric=search.mem_metric,
         pin_step_time_ms=measured["step_time_ms"],
     )
+    op_sac_doc = reference_figures(
+        op_sac,
+        op_sac_results,
+        mem_metric=search.mem_metric,
+        pin_step_time_ms=measured["step_time_ms"],
+    )
+    if op_sac_doc is not None:
+        op_sac_doc["fits"] = fits_limit(
+            op_sac_doc["peak_bytes"], limit_bytes=search.max_mem_bytes, margin=search.margin
+        )
+    if search.nproc_per_node > 1:
+        measured["per_rank"] = per_rank_figures(reverify_results, search.mem_metric)
+        measured["split"] = memory_split(measured["per_rank"])
     advice = [
         phase_advice(measured["peak_phase"]),
         allocator_advice(
@@ -252,6 +275,9 @@ def build_pin(
         "baseline": baseline_doc,
         "baseline_status": baseline_status,
         "full_ac": full_ac_doc,
+        "op_sac": op_sac_doc,
+        "world_size": search.nproc_per_node,
+        "sharding": SHARDING if search.nproc_per_node > 1 else "none",
         "fingerprint": {
             "torch_version": first.torch_version,
             "cuda_version": first.cuda_version,
@@ -314,11 +340,25 @@ class PinnedConfig:
             ]
         return []
 
-    def compile(self, model: nn.Module, *, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
+    def compile(
+        self,
+        model: nn.Module,
+        *,
+        blocks: Sequence[nn.Module] | None = None,
+        mesh: Any = None,
+        parallelize: Any = None,
+    ) -> nn.Module:
         """Apply the pin: block AC on ``blocks`` (found if omitted), then compile with the
         partitioner settings scoped to the model's calls (never set globally).
 
-        Warns with `StalePinWarning` when the parameter count differs from the pinned workload.
+        A pin measured sharded (``world_size`` > 1), applied in a job under torchrun with the
+        process group initialised (or given a ``mesh``), is applied as its trials were, on this
+        rank: block AC, per-block ``torch.compile(fullgraph=True)``, then ``parallelize(model,
+        mesh)`` or `fully_shard` per block and at the root; call it on every rank, before
+        building the optimizer.
+
+        Warns with `StalePinWarning` when the parameter count differs from the pinned workload,
+        or the job's world size from the pin's (with the measured split of the peak).
         """
         from budgettune.blocks import find_blocks
         from budgettune.trial.recompute import apply_to_model
@@ -334,6 +374,23 @@ class PinnedConfig:
             )
         if blocks is None and self.spec.block_ac_every:
             blocks = find_blocks(model)
+        pinned_world = int(self.document.get("world_size", 1))
+        from budgettune.trial.distributed import sharded_mesh, world_size_from_env
+
+        running_world = world_size_from_env()
+        if running_world != pinned_world:
+            split = (self.document.get("measured") or {}).get("split")
+            text = world_size_warning(
+                pinned_world=pinned_world, running_world=running_world, split=split
+            )
+            warnings.warn(
+                f"pinned config {self.path or ''}: {text}", StalePinWarning, stacklevel=2
+            )
+        mesh = mesh if mesh is not None else sharded_mesh(model, pinned_world, running_world)
+        if mesh is not None:
+            from budgettune.trial.distributed import apply_sharded
+
+            return apply_sharded(model, self.spec, mesh, blocks=blocks, parallelize=parallelize)
         return apply_to_model(model, self.spec, blocks)
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

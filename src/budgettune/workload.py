@@ -47,6 +47,10 @@ class Workload:
     """The repeated blocks for block AC (e.g. ``model.layers``); discovered when omitted."""
     autocast_dtype: torch.dtype | None = None
     """Run forward and loss under `torch.autocast` with this dtype when set."""
+    parallelize: Callable[[nn.Module, Any], nn.Module | None] | None = None
+    """Sharded trials: ``parallelize(model, mesh)`` shards the model (FSDP2, TP...), called on
+    every rank after block AC and per-block compile; by default `fully_shard` on each block
+    and at the root (torchtitan's order). Returns the model (or None: sharded in place)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

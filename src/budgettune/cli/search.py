@@ -145,6 +145,18 @@ def search(
             "at a time); re-verification runs on the first."
         ),
     ] = None,
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc-per-node",
+            help="Ranks per trial: above 1 each trial is a sharded job (FSDP2, torchtitan "
+            "order) under torchrun; with --gpus, each group of N GPUs runs one trial.",
+        ),
+    ] = None,
+    collective_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a rank's collective may wait before it fails (default 300)."),
+    ] = None,
     output: Annotated[
         Path, typer.Option("--output", help="Where to write the pinned config JSON.")
     ] = Path("budgettune-pin.json"),
@@ -170,7 +182,10 @@ def search(
     if gpu_list:
         if device is not None and not device.startswith("cuda"):
             raise UsageError(f"--gpus runs on GPUs; drop --device {device}")
-        device = f"cuda:{gpu_list[0]}"
+        from budgettune.search.workers import gpu_groups, group_device
+
+        ranks = nproc_per_node or int(file_values.get("nproc_per_node", 1))
+        device = group_device(gpu_groups(gpu_list, ranks)[0])
     flags = {
         "workload": workload,
         "workload_options": parse_options(option) if option else None,
@@ -187,6 +202,8 @@ def search(
         "runs_dir": runs_dir,
         "compile_cache": False if no_cache else None,
         "sampler_seed": seed,
+        "nproc_per_node": nproc_per_node,
+        "collective_timeout": collective_timeout,
         "space": {
             "budget": _budget_range(budget_range),
             "modes": _csv(modes),

@@ -99,6 +99,16 @@ def trial(
     timed_steps: Annotated[int, typer.Option(help="Timed steps (median, p10, p90).")] = 5,
     seed: Annotated[int, typer.Option(help="Seed for the model and the step.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds before the trial is killed.")] = 900.0,
+    nproc_per_node: Annotated[
+        int,
+        typer.Option(
+            "--nproc-per-node",
+            help="Ranks: above 1 the trial is a sharded job (FSDP2) under torchrun.",
+        ),
+    ] = 1,
+    collective_timeout: Annotated[
+        float, typer.Option(help="Seconds a rank's collective may wait before it fails.")
+    ] = 300.0,
     run_dir: Annotated[
         Path | None, typer.Option(help="Folder for SPEC.json, RESULT.json and trial.log.")
     ] = None,
@@ -138,6 +148,8 @@ def trial(
         workload_options=parse_options(option),
         device=chosen_device,
         cache_root=None if no_cache else str(Path("budgettune-runs/compile-cache").resolve()),
+        nproc_per_node=nproc_per_node,
+        collective_timeout_s=collective_timeout,
     )
     check_device_available(run.device)
     check_ops_exist(spec.recompute_ops_removed + spec.recompute_ops_added)

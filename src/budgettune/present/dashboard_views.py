@@ -50,6 +50,8 @@ class TrialPoint:
     """Short description of the spec."""
     outcome: str
     """Our outcome (``ok``, ``oom``, ``numerics_mismatch``)."""
+    rank_peaks: tuple[int, ...] = ()
+    """Sharded trials: each rank's peak on the metric (the point's peak is the largest)."""
 
 
 def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> list[TrialPoint]:
@@ -77,6 +79,11 @@ def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) ->
                 baseline=attrs.get(BASELINE_ATTR, "") or "",
                 config=TrialSpec.from_json_dict(spec).describe() if spec else "",
                 outcome=outcome,
+                rank_peaks=tuple(
+                    int(r[f"peak_{mem_metric}_bytes"])
+                    for r in attrs.get("ranks", ())
+                    if r.get(f"peak_{mem_metric}_bytes") is not None
+                ),
             )
         )
     return points
@@ -113,6 +120,8 @@ def memory_time_figure(
             figures += f", peak in {point.peak_phase}"
         if point.outcome != "ok":
             figures += f" ({point.outcome})"
+        if point.rank_peaks:
+            figures += "<br>per rank: " + ", ".join(format_bytes(b) for b in point.rank_peaks)
         return f"{head} {point.config}<br>{figures}"
 
     figure = go.Figure()
@@ -206,6 +215,26 @@ def memory_time_figure(
     return figure
 
 
+def _sharded_rows(pin: Mapping[str, Any]) -> list[str]:
+    """The note's rows for torchtitan's op SAC and, when sharded, the world size and ranks."""
+    rows = []
+    op_sac = pin.get("op_sac")
+    if op_sac:
+        fits = "" if op_sac.get("fits") else ", does not fit"
+        rows.append(
+            f"| slowdown vs torchtitan op SAC | {op_sac['slowdown'] * 100:+.1f}% "
+            f"({op_sac['step_time_ms']:.2f} ms, peak {format_bytes(op_sac['peak_bytes'])}{fits}) |"
+        )
+    if pin.get("world_size", 1) > 1:
+        rows.append(f"| world size | {pin['world_size']} ranks, {pin.get('sharding', '')} |")
+        for row in pin["measured"].get("per_rank", ()):
+            rows.append(
+                f"| rank {row['rank']} | peak {format_bytes(row['peak_worst_bytes'])}, sharded "
+                f"state {format_bytes(row['steady_bytes'])}, {row['step_time_ms']:.2f} ms |"
+            )
+    return rows
+
+
 def study_note(
     *,
     study_name: str,
@@ -270,6 +299,7 @@ def study_note(
             f"| step time (median) | {measured['step_time_ms']:.2f} ms |",
             f"| slowdown vs unconstrained | {slowdown} |",
             *vs_full_ac,
+            *_sharded_rows(pin),
             "",
         ]
         advice = pin.get("advice", "")

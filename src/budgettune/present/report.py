@@ -61,6 +61,11 @@ class TrialRow:
     """The allocator's reserved peak (fragmentation shows as the gap to allocated)."""
     error: str
     """One-line reason for a failure."""
+    rank_peaks: tuple[int | None, ...] = ()
+    """Sharded trials: each rank's peak on the study's metric (None: that rank measured
+    nothing), by rank; the trial's peak is the largest."""
+    rank_step_ms: tuple[float | None, ...] = ()
+    """Sharded trials: each rank's median step time; the trial's is the slowest."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,6 +96,8 @@ class StudyReport:
     """Said when recompute cannot help (the peak sits in the optimizer step)."""
     excluded: tuple[str, ...] = ()
     """One line per knob value the search stopped proposing after it crashed."""
+    world_size: int = 1
+    """Ranks per trial (above 1: sharded trials; peaks are per rank)."""
 
 
 def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
@@ -166,6 +173,8 @@ def _rows(
                 error=a.get("error", ""),
                 peak_allocated_bytes=a.get("peak_allocated_bytes"),
                 peak_reserved_bytes=a.get("peak_reserved_bytes"),
+                rank_peaks=tuple(r.get(f"peak_{metric}_bytes") for r in a.get("ranks", ())),
+                rank_step_ms=tuple(r.get("step_time_ms") for r in a.get("ranks", ())),
             )
         )
     return rows
@@ -226,4 +235,5 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         pin=_as_dict(store.latest_pin(name)),
         advice="; ".join(a for a in advice if a),
         excluded=tuple(describe_exclusion(e) for e in study.user_attrs.get(EXCLUDED_ATTR, [])),
+        world_size=int(search.get("nproc_per_node", 1)),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from budgettune.trial.results import TrialResult
+from budgettune.trial.results import Measurement, TrialResult
 from budgettune.units import format_bytes
 
 
@@ -32,12 +32,27 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
         table.add_row("first-step loss", f"{m.loss:.6g} (grad norm {m.grad_norm:.6g})")
     if result.model_changes:
         table.add_row("model changed", ", ".join(result.model_changes))
+    if result.world_size > 1:
+        table.add_row("world size", f"{result.world_size} ranks (peaks: the largest rank's)")
+        for rank in result.ranks:
+            table.add_row(f"rank {rank.rank}", rank_line(rank.measurement, rank.error))
     if result.error:
         table.add_row("error", result.error)
     table.add_row("device", f"{result.device_name} (torch {result.torch_version})")
     table.add_row("log", result.log_path)
     table.add_row("wall time", f"{result.wall_s:.1f} s")
     return table
+
+
+def rank_line(m: Measurement | None, error: str = "") -> str:
+    """One rank's figures on one line."""
+    if m is None:
+        return error or "no figures"
+    return (
+        f"peak allocated {format_bytes(m.peak_allocated_bytes)}, device "
+        f"{format_bytes(m.peak_device_bytes)}, sharded state {format_bytes(m.steady_bytes)}, "
+        f"{m.step_time_ms:.2f} ms"
+    )
 
 
 def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
@@ -78,8 +93,31 @@ def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
             + over,
         )
         table.add_row(f"vs {label}", f"{reference['slowdown'] * 100:+.1f}%")
+    op_sac = pin.get("op_sac")
+    if op_sac:
+        table.add_row(
+            "torchtitan op SAC",
+            f"{format_bytes(op_sac['peak_bytes'])}, {op_sac['step_time_ms']:.2f} ms"
+            + ("" if op_sac.get("fits") else " (does not fit the limit)"),
+        )
+        table.add_row("vs op SAC", f"{op_sac['slowdown'] * 100:+.1f}%")
     if status not in ("ok", "over_limit", "missing"):
         table.add_row("baseline (budget 1.0)", f"cannot run: {status}")
+    if pin.get("world_size", 1) > 1:
+        table.add_row("world size", f"{pin['world_size']} ranks; {pin.get('sharding', '')}")
+        for row in measured.get("per_rank", ()):
+            table.add_row(
+                f"rank {row['rank']}",
+                f"peak {format_bytes(row['peak_worst_bytes'])} (worst), sharded state "
+                f"{format_bytes(row['steady_bytes'])}, {row['step_time_ms']:.2f} ms",
+            )
+        split = measured.get("split")
+        if split:
+            table.add_row(
+                "per-rank split",
+                f"sharded state {format_bytes(split['sharded_state_bytes'])} (/ world size) + "
+                f"activations {format_bytes(split['activation_bytes'])} (not sharded)",
+            )
     if pin.get("advice"):
         table.add_row("note", pin["advice"])
     table.add_row(
@@ -109,7 +147,15 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
     )
     # Narrow figures, and the rest of the width for the configuration (80-column terminals).
     columns = ["#", "outcome", "fits", f"peak {unit}", "ms", "vs base"]
-    for column in columns + (["vs AC"] if with_ac else []) + ["peak in"]:
+    sharded = report.world_size > 1
+    if sharded:
+        trials.caption = (trials.caption or "") + (
+            f"; {report.world_size} ranks per trial: peak is the largest rank's, ms the "
+            "slowest's; per rank: each rank's peak"
+        )
+    for column in (
+        columns + (["vs AC"] if with_ac else []) + (["per rank"] if sharded else []) + ["peak in"]
+    ):
         trials.add_column(column, no_wrap=True)
     trials.add_column("config", overflow="fold", ratio=1, min_width=24)
 
@@ -128,6 +174,7 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
         trials.add_row(
             *cells,
             *([percent(row.slowdown_vs_full_ac)] if with_ac else []),
+            *([" ".join(size(p) for p in row.rank_peaks) or "-"] if sharded else []),
             {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}.get(row.peak_phase, "-"),
             Text((f"[{row.baseline}] " if row.baseline else "") + (row.config or row.error)),
         )

@@ -4,7 +4,8 @@ Re-verification walks down the feasible trials, fastest first: the top ``--top-k
 then one more at a time, until one qualifies (every fresh run ``ok``, the worst peak fits the
 limit with the margin) or `MAX_CANDIDATES` have been re-measured. Only when nothing qualifies
 does the search end with exit 3. The references the pin reports its slowdown against (the
-unconstrained baseline, and full block AC when that baseline cannot run under the limit) are
+unconstrained baseline, full block AC when that baseline cannot run under the limit, and
+torchtitan's op SAC in a sharded study) are
 re-measured as often as the pin.
 """
 
@@ -20,6 +21,7 @@ from budgettune.pinning import Candidate, build_pin, choose_pin, phase_advice
 from budgettune.search.fresh import FreshJob
 from budgettune.storage.trials import (
     FULL_AC,
+    OP_SAC,
     UNCONSTRAINED,
     baseline_status,
     baseline_trial,
@@ -158,10 +160,13 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
     if full_ac is not None and full_ac.user_attrs.get("outcome") != "ok":
         full_ac = None
     measured = unconstrained if status in ("ok", "over_limit") else None
+    op_sac = baseline_trial(trials, OP_SAC)
+    if op_sac is not None and op_sac.user_attrs.get("outcome") != "ok":
+        op_sac = None
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
-    baseline_runs, full_ac_runs = remeasure(
+    baseline_runs, full_ac_runs, op_sac_runs = remeasure(
         searcher,
-        [(measured, "unconstrained", False), (full_ac, "full-AC", True)],
+        [(measured, "unconstrained", False), (full_ac, "full-AC", True), (op_sac, "op-SAC", True)],
         reverified,
     )
     pin = build_pin(
@@ -173,6 +178,8 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
         baseline_status=status,
         full_ac=dict(full_ac.user_attrs) if full_ac is not None else None,
         full_ac_results=full_ac_runs,
+        op_sac=dict(op_sac.user_attrs) if op_sac is not None else None,
+        op_sac_results=op_sac_runs,
         trials=len(searcher.study.trials),
     )
     reference = pin["baseline"] if status == "ok" else pin["full_ac"] or pin["baseline"]

@@ -8,7 +8,7 @@ from budgettune import storage as storage_mod
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import SearchObserver, SearchOutcome
-from budgettune.search.workers import check_gpus, run_gpu_workers
+from budgettune.search.workers import check_gpus, gpu_groups, run_gpu_workers
 from budgettune.storage.coordination import creation_lock, database_errors
 from budgettune.trial.launcher import check_device_available, check_ops_exist
 from budgettune.workload import check_reference
@@ -22,8 +22,9 @@ def run_search(
     Args:
         search: the whole search.
         observer: receives progress (the CLI's progress bar).
-        gpus: run one worker process per GPU index on this host (``--gpus 0,1``) instead of
-            trials in this process; re-verification then runs on ``search.device``.
+        gpus: run one worker process per GPU index on this host (``--gpus 0,1``), or per
+            group of ``search.nproc_per_node`` GPUs, instead of trials in this process;
+            re-verification then runs on ``search.device``.
 
     Returns:
         The `SearchOutcome` with the pinned config document.
@@ -38,6 +39,7 @@ def run_search(
     check_reference(search.workload)
     if gpus:
         check_gpus(gpus)
+        gpu_groups(gpus, search.nproc_per_node)
     check_device_available(search.device)
     check_ops_exist(search.space.removable_ops + search.space.addable_ops)
     with creation_lock(search.storage_url):
@@ -45,7 +47,12 @@ def run_search(
             search.storage_url, heartbeat_interval_s=HEARTBEAT_INTERVAL_S
         )
     searcher = Searcher(search, store, observer)
-    searcher.devices = tuple(f"cuda:{gpu}" for gpu in gpus or ())
+    # re-measurements spread over the same device slots as the workers: one GPU, or one
+    # group of --nproc-per-node GPUs, per fresh run
+    searcher.devices = tuple(
+        "cuda:" + ",".join(map(str, group))
+        for group in (gpu_groups(gpus, search.nproc_per_node) if gpus else ())
+    )
     if gpus:
         searcher.observer.started(search.study_name, search.num_trials)
         trials_run = run_gpu_workers(searcher, gpus)

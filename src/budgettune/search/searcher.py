@@ -32,20 +32,15 @@ from budgettune.pinning import (
 from budgettune.search.crash_memory import find_exclusions, narrow
 from budgettune.search.fresh import FreshJob, launcher, run_batch
 from budgettune.search.numerics import check_numerics
+from budgettune.search.opening import open_study
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
-    HEARTBEAT_ATTR,
-    SEARCH_ATTR,
-    SPEC_ATTR,
     WORKER_ATTR,
     SearchObserver,
     TrialEvent,
     TrialFailed,
-    baseline_specs,
-    make_sampler,
     result_attrs,
-    study_attrs,
 )
 from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, count_trials
 from budgettune.storage.coordination import ClaimLock, database_errors
@@ -118,60 +113,8 @@ class Searcher:
 
     # -- study ---------------------------------------------------------------------------
     def _open_study(self, create: bool) -> tuple[optuna.Study, bool]:
-        """Create the study (attrs, baselines) or load it; called under the claim lock.
-
-        Only the process whose ``create_study`` succeeds enqueues the baselines, so two
-        searches racing to create one study queue them once.
-        """
-        common: dict[str, Any] = dict(
-            study_name=self.search.study_name,
-            storage=self.store.optuna_storage,
-            sampler=make_sampler(self.search),
-        )
-        if create:
-            try:
-                study = optuna.create_study(direction="minimize", load_if_exists=False, **common)
-            except optuna.exceptions.DuplicatedStudyError:
-                pass
-            else:
-                study.set_user_attr(SEARCH_ATTR, study_attrs(self.search))
-                study.set_user_attr(SPEC_ATTR, self.search.to_json_dict())
-                study.set_user_attr(HEARTBEAT_ATTR, self.heartbeat_s)
-                for label, spec in baseline_specs(self.search):
-                    study.enqueue_trial(
-                        _enqueue_params(spec, self.search),
-                        user_attrs={BASELINE_ATTR: label, "enqueued_spec": spec.to_json_dict()},
-                    )
-                return study, True
-        study = optuna.load_study(**common)
-        if not create:
-            return study, False
-        wanted = study_attrs(self.search)
-        stored = study.user_attrs.get(SEARCH_ATTR)
-        if stored is not None and "margin" not in stored:
-            # A study from before the margin was part of "fits": it takes this search's.
-            stored = {**stored, "margin": wanted["margin"]}
-            study.set_user_attr(SEARCH_ATTR, stored)
-        if stored is None:
-            study.set_user_attr(SEARCH_ATTR, wanted)
-        elif stored != wanted:
-            diff = ", ".join(
-                f"{k}: stored {stored.get(k)!r} vs given {v!r}"
-                for k, v in wanted.items()
-                if stored.get(k) != v
-            )
-            raise UsageError(
-                f"study {self.search.study_name!r} was made for another search ({diff}); "
-                "pass the stored value, or --study NAME to start a new study"
-            )
-        # Workers read the spec of the newest search that raised the target.
-        study.set_user_attr(SPEC_ATTR, self.search.to_json_dict())
-        # Every process of a study beats alike: a study from before the attr gets this one's.
-        if HEARTBEAT_ATTR in study.user_attrs:
-            self.store.optuna_storage.heartbeat_interval = int(study.user_attrs[HEARTBEAT_ATTR])
-        else:
-            study.set_user_attr(HEARTBEAT_ATTR, self.heartbeat_s)
-        return study, False
+        """Create the study (attrs, baselines) or load it; called under the claim lock."""
+        return open_study(self.search, self.store, create=create, heartbeat_s=self.heartbeat_s)
 
     @property
     def heartbeat_s(self) -> int:
@@ -435,9 +378,3 @@ class Searcher:
         from budgettune.search.pin import pin_study
 
         return pin_study(self)
-
-
-def _enqueue_params(spec: TrialSpec, search: SearchSpec) -> dict[str, Any]:
-    from budgettune.search.space import spec_params
-
-    return spec_params(spec, search.space)

@@ -9,7 +9,13 @@ from typing import Any
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.search.space import SearchSpace
-from budgettune.trial.spec import DEVICE_PATTERN, TrialRun, TrialSpec
+from budgettune.trial.spec import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEVICE_PATTERN,
+    TrialRun,
+    TrialSpec,
+    check_world,
+)
 
 MEM_METRIC_CHOICES = ("device", "reserved", "allocated")
 MIN_LIMIT_BYTES = 2**20
@@ -54,6 +60,10 @@ class SearchSpec:
     """Reuse compiled code between trials of the same partition variant."""
     sampler_seed: int | None = None
     """Seed of the TPE sampler (reproducible suggestions)."""
+    nproc_per_node: int = 1
+    """Ranks per trial: above 1 each trial is a sharded (FSDP2) job under torchrun."""
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """Process-group timeout of each rank of a sharded trial."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_mem_bytes, int) or self.max_mem_bytes <= 0:
@@ -79,7 +89,16 @@ class SearchSpec:
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if not self.study_name or not self.study_name.strip():
             raise UsageError("the study name must not be empty")
+        try:
+            check_world(self.device, self.nproc_per_node)
+        except SpecError as exc:
+            raise UsageError(str(exc)) from None
         object.__setattr__(self, "workload_options", dict(self.workload_options))
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether each trial runs on several ranks."""
+        return self.nproc_per_node > 1
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON form stored with a study, so workers can join it.
@@ -126,4 +145,6 @@ class SearchSpec:
             workload_options=self.workload_options,
             device=self.device,
             cache_root=cache_root,
+            nproc_per_node=self.nproc_per_node,
+            collective_timeout_s=self.collective_timeout_s,
         )

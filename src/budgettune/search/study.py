@@ -14,8 +14,8 @@ from typing import Any
 import optuna
 
 from budgettune.search.spec import SearchSpec
-from budgettune.storage.trials import FULL_AC, UNCONSTRAINED
-from budgettune.trial.results import TrialResult
+from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
+from budgettune.trial.results import RankFigures, TrialResult
 from budgettune.trial.spec import TrialSpec
 
 SEARCH_ATTR = "search"
@@ -75,6 +75,8 @@ def study_attrs(search: SearchSpec) -> dict[str, Any]:
         "max_mem_bytes": search.max_mem_bytes,
         "mem_metric": search.mem_metric,
         "margin": search.margin,
+        # a study of one rank per trial keeps the attrs it had before sharded trials existed
+        **({"nproc_per_node": search.nproc_per_node} if search.is_sharded else {}),
     }
 
 
@@ -134,6 +136,10 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
         (FULL_AC, base.replace(block_ac_every=1)),
         ("budget-0.5", base.replace(activation_memory_budget=0.5)),
     ]
+    if search.is_sharded:
+        # What sharded training stacks hand-set (torchtitan's selective "op" AC, compiled):
+        # the pin reports its slowdown against it, measured the same way in the same study.
+        specs.append((OP_SAC, base.replace(block_ac_every=1, block_ac_policy="op")))
     return specs
 
 
@@ -148,9 +154,13 @@ def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
         "wall_s": round(result.wall_s, 3),
         "device_name": result.device_name,
         "torch_version": result.torch_version,
+        "world_size": result.world_size,
     }
     if result.model_changes:
         attrs["model_changes"] = list(result.model_changes)
+    if result.world_size > 1:
+        attrs["failed_rank"] = result.failed_rank
+        attrs["ranks"] = [rank_attrs(r) for r in result.ranks]
     m = result.measurement
     if m is not None:
         attrs.update(
@@ -170,6 +180,24 @@ def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
             }
         )
     return attrs
+
+
+def rank_attrs(rank: RankFigures) -> dict[str, Any]:
+    """One rank's figures as a JSON dict (the trial's ``ranks`` user attr)."""
+    m = rank.measurement
+    figures: dict[str, Any] = {"rank": rank.rank, "outcome": rank.outcome.value}
+    if rank.error:
+        figures["error"] = rank.error
+    if m is not None:
+        figures.update(
+            peak_allocated_bytes=m.peak_allocated_bytes,
+            peak_reserved_bytes=m.peak_reserved_bytes,
+            peak_device_bytes=m.peak_device_bytes,
+            steady_bytes=m.steady_bytes,
+            peak_phase=m.peak_phase,
+            step_time_ms=m.step_time_ms,
+        )
+    return figures
 
 
 class SearchObserver:

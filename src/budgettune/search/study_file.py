@@ -22,7 +22,7 @@ from typing import Any
 from budgettune.errors import StudyFileError, UsageError
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
-from budgettune.trial.spec import TrialSpec
+from budgettune.trial.spec import DEFAULT_COLLECTIVE_TIMEOUT_S, TrialSpec
 from budgettune.units import parse_bytes
 
 if sys.version_info >= (3, 11):
@@ -46,6 +46,8 @@ TOP_KEYS = {
     "runs_dir": "folder for trial logs and caches",
     "compile_cache": "reuse compiled code per partition variant",
     "sampler_seed": "seed of the sampler",
+    "nproc_per_node": "ranks per trial (above 1: sharded with FSDP2 under torchrun)",
+    "collective_timeout": "seconds a rank's collective may wait before it fails",
     "space": "table: the search space",
     "fix": "table: dimensions held at one value",
     "trial": "table: warmup_steps, timed_steps, seed",
@@ -161,6 +163,9 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
         compile_backend=space.fixed.get("compile_backend", space.compile_backend), **steps
     )
     study = values.get("study") or default_study_name(workload, options, device, max_mem, metric)
+    nproc = int(values.get("nproc_per_node", 1))
+    if nproc > 1 and not values.get("study"):
+        study = f"{study}-x{nproc}"
     return SearchSpec(
         workload=workload,
         workload_options=options,
@@ -179,4 +184,6 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
         runs_dir=str(values.get("runs_dir", "budgettune-runs")),
         compile_cache=bool(values.get("compile_cache", True)),
         sampler_seed=values.get("sampler_seed"),
+        nproc_per_node=int(values.get("nproc_per_node", 1)),
+        collective_timeout_s=float(values.get("collective_timeout", DEFAULT_COLLECTIVE_TIMEOUT_S)),
     )

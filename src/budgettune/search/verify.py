@@ -97,6 +97,8 @@ def verify_pin(
         workload_options=doc.get("workload_options", {}),
         device=device or doc.get("device", "cpu"),
         cache_root=None,
+        # a sharded pin is re-measured as it was measured: the same number of ranks
+        nproc_per_node=int(doc.get("world_size", 1)),
     )
     check_device_available(run.device)
     results = []

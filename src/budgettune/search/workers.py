@@ -190,24 +190,51 @@ def check_gpus(gpus: Sequence[int]) -> None:
         check_device_available(f"cuda:{gpu}")
 
 
-def worker_command(*, study_name: str, gpu: int, runs_dir: str | Path) -> list[str]:
-    """The command of the worker process for one GPU (the storage URL goes in `STORAGE_ENV`).
+def gpu_groups(gpus: Sequence[int], nproc_per_node: int) -> list[tuple[int, ...]]:
+    """``--gpus 0,1,2,3 --nproc-per-node 2`` → [(0, 1), (2, 3)]: one worker per group.
 
-    ``--device cuda:N`` makes the launcher pin each trial to that GPU alone
-    (``CUDA_VISIBLE_DEVICES``); the worker runs one trial at a time.
+    Raises:
+        UsageError: the GPUs do not split into groups of ``nproc_per_node``.
     """
+    if len(gpus) % nproc_per_node:
+        raise UsageError(
+            f"--gpus {','.join(map(str, gpus))}: {len(gpus)} GPU(s) do not split into groups "
+            f"of --nproc-per-node {nproc_per_node} (one group per sharded trial)"
+        )
+    return [
+        tuple(gpus[start : start + nproc_per_node])
+        for start in range(0, len(gpus), nproc_per_node)
+    ]
+
+
+def group_device(group: Sequence[int]) -> str:
+    """The device string of a GPU group: ``cuda:2`` or ``cuda:2,3``."""
+    return "cuda:" + ",".join(str(g) for g in group)
+
+
+def worker_command(
+    *, study_name: str, gpu: int | Sequence[int], runs_dir: str | Path
+) -> list[str]:
+    """The command of the worker process for one GPU or GPU group (the storage URL goes in
+    `STORAGE_ENV`).
+
+    ``--device cuda:N`` (``cuda:N,M`` for a sharded trial's group) makes the launcher pin each
+    trial to those GPUs alone (``CUDA_VISIBLE_DEVICES``); the worker runs one trial at a time.
+    """
+    group = (gpu,) if isinstance(gpu, int) else tuple(gpu)
     return [
         sys.executable, "-m", "budgettune.cli", "worker",
         "--study", study_name,
-        "--device", f"cuda:{gpu}",
+        "--device", group_device(group),
         "--runs-dir", str(runs_dir),
     ]  # fmt: skip
 
 
 def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
-    """Run one worker process per GPU until the study's target is met; wait for all.
+    """Run one worker process per GPU (per group of ``nproc_per_node`` GPUs for sharded
+    trials) until the study's target is met; wait for all.
 
-    Their output goes to ``<runs_dir>/<study>/workers/cuda<N>.log``.
+    Their output goes to ``<runs_dir>/<study>/workers/cuda<N>.log`` (``cuda<N>_<M>.log``).
 
     Returns:
         Trials finished while they ran.
@@ -222,15 +249,16 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
     log_dir = searcher.runs_dir / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, STORAGE_ENV: url}
-    workers: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+    workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
-        for gpu in gpus:
-            log_path = log_dir / f"cuda{gpu}.log"
+        for group in gpu_groups(gpus, searcher.search.nproc_per_node):
+            gpu = group_device(group)
+            log_path = log_dir / f"cuda{'_'.join(map(str, group))}.log"
             with open(log_path, "ab") as log_file:
                 process = subprocess.Popen(
                     worker_command(
                         study_name=searcher.search.study_name,
-                        gpu=gpu,
+                        gpu=group,
                         runs_dir=Path(searcher.search.runs_dir).resolve(),
                     ),
                     stdin=subprocess.DEVNULL,
@@ -259,16 +287,16 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
     if failed and end.finished < end.target:
         gpu, code, log = failed[0]
         raise WorkerFailedError(
-            f"worker on cuda:{gpu} exited with code {code}: {_last_line(log)} (log: {log}); "
+            f"worker on {gpu} exited with code {code}: {_last_line(log)} (log: {log}); "
             f"{end.finished}/{end.target} trials finished and kept; fix it and run "
             "the search again"
         )
     for gpu, code, log in failed:
-        logger.warning("worker on cuda:%d exited with code %d (log: %s)", gpu, code, log)
+        logger.warning("worker on %s exited with code %d (log: %s)", gpu, code, log)
     return end.finished - start.finished
 
 
-def _stop(workers: list[tuple[int, subprocess.Popen[bytes], Path]]) -> None:
+def _stop(workers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:
     """Interrupt every worker (each marks its running trial failed), then wait, then kill."""
     for _, process, _ in workers:
         if process.poll() is None:

@@ -22,6 +22,9 @@ UNCONSTRAINED = "unconstrained"
 """The baseline every slowdown and numerics check refers to (budget 1.0, optimizer as written)."""
 FULL_AC = "block-ac-every-1"
 """The baseline a user picks by hand when the unconstrained one does not fit: full block AC."""
+OP_SAC = "op-sac"
+"""Sharded studies: torchtitan's selective "op" AC on every block, compiled (its hand-set
+"selective" mode); the pin reports its slowdown against it where it fits."""
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:

@@ -24,8 +24,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from budgettune.errors import DeviceUnavailableError, SpecError
-from budgettune.trial.results import TrialOutcome, TrialResult, read_result
+from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
+from budgettune.trial.results import (
+    TrialOutcome,
+    TrialResult,
+    read_result,
+    write_result_atomically,
+)
 from budgettune.trial.spec import TrialRun
+from budgettune.trial.torchrun import torchrun_command
 
 logger = logging.getLogger(__name__)
 
@@ -57,18 +64,27 @@ def visible_device_env(device: str) -> tuple[str, dict[str, str]]:
     """
     if not device.startswith("cuda:"):
         return device, {}
-    index = int(device.split(":", 1)[1])
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip():
-        ids = [part.strip() for part in visible.split(",") if part.strip()]
-        if index >= len(ids):
-            raise DeviceUnavailableError(
-                f"--device {device}: CUDA_VISIBLE_DEVICES={visible} shows only {len(ids)} GPU(s)"
-            )
-        physical = ids[index]
-    else:
-        physical = str(index)
-    return "cuda", {"CUDA_VISIBLE_DEVICES": physical}
+    physical = []
+    for index in device_indices(device):
+        if visible is not None and visible.strip():
+            ids = [part.strip() for part in visible.split(",") if part.strip()]
+            if index >= len(ids):
+                raise DeviceUnavailableError(
+                    f"--device {device}: CUDA_VISIBLE_DEVICES={visible} shows only "
+                    f"{len(ids)} GPU(s)"
+                )
+            physical.append(ids[index])
+        else:
+            physical.append(str(index))
+    return "cuda", {"CUDA_VISIBLE_DEVICES": ",".join(physical)}
+
+
+def device_indices(device: str) -> list[int]:
+    """The GPU indices a device names: ``cuda:2`` → [2], ``cuda:0,1`` → [0, 1], ``cuda`` → [0]."""
+    if ":" not in device:
+        return [0]
+    return [int(part) for part in device.split(":", 1)[1].split(",")]
 
 
 def cuda_device_count() -> int:
@@ -97,7 +113,7 @@ def check_device_available(device: str) -> None:
     if device == "cpu":
         return
     count = cuda_device_count()
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    index = max(device_indices(device))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip():
         count = min(count, len([p for p in visible.split(",") if p.strip()]))
@@ -178,6 +194,8 @@ def launch_trial(
         folder / LOG_FILE,
     )
     result_path.unlink(missing_ok=True)
+    for rank in range(run.nproc_per_node):
+        rank_result_path(result_path, rank).unlink(missing_ok=True)
     child_device, device_env = visible_device_env(run.device)
     child_run = dataclasses.replace(run, device=child_device)
     spec_path.write_text(json.dumps(child_run.to_json_dict(), indent=2, sort_keys=True) + "\n")
@@ -187,6 +205,8 @@ def launch_trial(
     env.update(extra_env or {})
     env["PYTHONUNBUFFERED"] = "1"
     command = [sys.executable, "-m", "budgettune.trial.worker", str(spec_path), str(result_path)]
+    if run.nproc_per_node > 1:
+        command = torchrun_command(spec_path, result_path, run.nproc_per_node)
     logger.info("trial %s: %s", folder.name, " ".join(command))
     on_cpu = child_device == "cpu"
     with cpu_trial_lock() if on_cpu else contextlib.nullcontext(), open(log_path, "ab") as log:
@@ -217,6 +237,13 @@ def launch_trial(
             error=f"trial exceeded its {timeout_s:g} s timeout; process tree killed",
             **common,  # type: ignore[arg-type]
         )
+    if run.nproc_per_node > 1:
+        merged = merge_rank_results(
+            read_rank_results(result_path, run.nproc_per_node),
+            launcher_error=_death_message(returncode) if returncode else "",
+        )
+        write_result_atomically(result_path, merged)
+        return merged.replace(**common)
     try:
         return read_result(result_path).replace(**common)
     except (OSError, ValueError):

@@ -89,15 +89,25 @@ def global_grad_norm(parameters: Any) -> float:
     import torch
 
     total: torch.Tensor | None = None
+    sharded = False
     for param in parameters:
         grad = param.grad
         if grad is None:
             continue
+        if hasattr(grad, "to_local"):  # a DTensor shard (FSDP2): the norm is summed over ranks
+            grad, sharded = grad.to_local(), True
         if grad.is_sparse:
             grad = grad.coalesce().values()
         for chunk in grad.detach().reshape(-1).split(_NORM_CHUNK_NUMEL):
             part = chunk.to(torch.float64).square().sum()
             total = part if total is None else total + part
+    if sharded:
+        import torch.distributed as dist
+
+        total = (
+            torch.zeros((), dtype=torch.float64, device=grad.device) if total is None else total
+        )
+        dist.all_reduce(total)
     return 0.0 if total is None else math.sqrt(float(total.item()))
 
 
@@ -151,6 +161,8 @@ def steady_tensor_bytes(step: PreparedStep) -> int:
     tensors += [v for v in pytree.tree_leaves(step.batch) if isinstance(v, torch.Tensor)]
     storages: dict[tuple[str, int], int] = {}
     for tensor in tensors:
+        if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard is what it holds
+            tensor = tensor.to_local()
         if tensor.device.type != step.device.type:
             continue
         storage = tensor.untyped_storage()

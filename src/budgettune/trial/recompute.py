@@ -316,7 +316,7 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
     )
 
 
-def _scoped_module_class() -> type:
+def scoped_module_class() -> type:
     from torch import nn
 
     class RecomputeScoped(nn.Module):
@@ -368,7 +368,7 @@ def apply_to_model(
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
     if not spec.is_compiled:
         return model
-    return _scoped_module_class()(model, compile_model(model, spec), spec)
+    return scoped_module_class()(model, compile_model(model, spec), spec)
 
 
 # --------------------------------------------------------------------------- introspection

@@ -102,6 +102,42 @@ class Measurement:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RankFigures:
+    """One rank of a sharded trial: how it ended and, when measured, its own figures."""
+
+    rank: int
+    """The global rank."""
+    outcome: TrialOutcome
+    """How this rank ended (``crashed`` with ``terminated`` stage: stopped after another's
+    failure)."""
+    measurement: Measurement | None = None
+    """This rank's figures, when it measured."""
+    error: str = ""
+    """One line when it did not end ``ok``."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        m = self.measurement
+        return {
+            "rank": self.rank,
+            "outcome": TrialOutcome(self.outcome).value,
+            "measurement": None if m is None else m.to_json_dict(),
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> RankFigures:
+        """Build from the JSON form."""
+        m = data.get("measurement")
+        return cls(
+            rank=int(data["rank"]),
+            outcome=TrialOutcome(data["outcome"]),
+            measurement=None if m is None else Measurement.from_json_dict(m),
+            error=str(data.get("error", "")),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrialResult:
     """What one trial produced: the outcome, the figures if measured, and where its log is."""
 
@@ -125,14 +161,29 @@ class TrialResult:
     """`workload.WorkloadFingerprint.to_json_dict()` of the workload the child built."""
     failed_stage: str = ""
     """``workload`` when the workload itself could not be imported, built or validated (before
-    any knob was applied: every configuration would fail alike); else empty."""
+    any knob was applied: every configuration would fail alike); ``collective`` when a rank's
+    collective failed because another rank went away; ``terminated`` when the launcher stopped
+    the rank after another's failure; ``died`` when a rank's process died without writing its
+    result (its supervisor wrote it); else empty."""
     model_changes: tuple[str, ...] = ()
     """What the trial changed in the model besides the knobs, e.g. ``use_cache=False`` on a
     `transformers` model under block AC (a training job's `pinned.compile` does the same)."""
+    world_size: int = 1
+    """Ranks of the trial (above 1: a sharded trial under ``torch.distributed.run``)."""
+    failed_rank: int | None = None
+    """The rank whose failure ended a sharded trial (None: ok, or not known)."""
+    failed_at_s: float = 0.0
+    """Unix time a rank's failure was caught, before its process group was torn down: of the
+    ranks of a sharded trial that failed, the first one is the cause (the others' collectives
+    broke after it). 0 when ok."""
+    ranks: tuple[RankFigures, ...] = ()
+    """Every rank's outcome and figures (sharded trials); the `measurement` is their merge:
+    the largest peaks and the slowest step time."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", TrialOutcome(self.outcome))
         object.__setattr__(self, "model_changes", tuple(self.model_changes))
+        object.__setattr__(self, "ranks", tuple(self.ranks))
         if self.outcome.is_measured() and self.measurement is None:
             raise SpecError(f"a {self.outcome.value} result needs a measurement")
 
@@ -152,6 +203,10 @@ class TrialResult:
             ),
             "failed_stage": self.failed_stage,
             "model_changes": list(self.model_changes),
+            "world_size": self.world_size,
+            "failed_rank": self.failed_rank,
+            "failed_at_s": self.failed_at_s,
+            "ranks": [r.to_json_dict() for r in self.ranks],
         }
 
     @classmethod
@@ -161,6 +216,7 @@ class TrialResult:
         if values.get("measurement") is not None:
             values["measurement"] = Measurement.from_json_dict(values["measurement"])
         values["outcome"] = TrialOutcome(values["outcome"])
+        values["ranks"] = tuple(RankFigures.from_json_dict(r) for r in values.get("ranks", ()))
         return cls(**values)
 
     def replace(self, **changes: Any) -> TrialResult:

@@ -12,8 +12,10 @@ import json
 import logging
 import platform
 import sys
+import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from budgettune.trial.results import (
     Measurement,
@@ -36,23 +38,64 @@ def _one_line(exc: BaseException) -> str:
 def run_trial(run: TrialRun) -> TrialResult:
     """Measure ``run`` in this process (the caller has prepared the environment).
 
+    A run of several ranks (`TrialRun.nproc_per_node`) is one rank of a sharded trial: it
+    joins the process group torchrun set up and measures its own figures.
+
     Returns:
         A `TrialResult` with outcome ``ok``, ``oom`` (caught by type) or ``crashed``.
     """
     import torch
-
-    from budgettune.errors import BudgettuneError
-    from budgettune.trial import measure, recompute
-    from budgettune.workload import fingerprint, load_workload
 
     info = {
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
         "device_name": platform.processor() or "cpu",
     }
+    if run.nproc_per_node > 1:
+        return _run_rank(run, info)
+    return _measure(run, torch.device(run.device), None, info)
+
+
+def _run_rank(run: TrialRun, info: dict[str, str]) -> TrialResult:
+    """One rank: join the group, measure, tell a collective broken by a peer from a failure."""
+    from budgettune.trial.distributed import collective_errors, process_group
+
     try:
-        device = torch.device(run.device)
-        if device.type == "cuda":
+        with process_group(run) as (device, mesh):
+            if device.type == "cuda":
+                import torch
+
+                info["device_name"] = torch.cuda.get_device_name(device)
+            result = _measure(run, device, mesh, info)
+            if result.outcome is not TrialOutcome.OK:  # stamped before the group goes away
+                result = result.replace(failed_at_s=time.time())
+            return result
+    except collective_errors() as exc:
+        logger.error("a collective failed (another rank gone?)", exc_info=exc)
+        return TrialResult(
+            outcome=TrialOutcome.CRASHED,
+            error=_one_line(exc)[:500],
+            failed_stage="collective",
+            failed_at_s=time.time(),
+            **info,  # type: ignore[arg-type]
+        )
+
+
+def _is_collective_error(exc: BaseException) -> bool:
+    from budgettune.trial.distributed import collective_errors
+
+    return isinstance(exc, collective_errors())
+
+
+def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> TrialResult:
+    import torch
+
+    from budgettune.errors import BudgettuneError
+    from budgettune.trial import measure, recompute
+    from budgettune.workload import fingerprint, load_workload
+
+    try:
+        if device.type == "cuda" and mesh is None:
             if not torch.cuda.is_available():
                 return TrialResult(
                     outcome=TrialOutcome.CRASHED,
@@ -63,7 +106,7 @@ def run_trial(run: TrialRun) -> TrialResult:
                 device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(device)
             info["device_name"] = torch.cuda.get_device_name(device)
-        else:
+        elif device.type == "cpu":
             info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
         torch.manual_seed(run.spec.seed)
         try:
@@ -80,7 +123,12 @@ def run_trial(run: TrialRun) -> TrialResult:
                 failed_stage="workload",
                 **info,  # type: ignore[arg-type]
             )
-        step = recompute.prepare(workload, run.spec, device)
+        if mesh is None:
+            step = recompute.prepare(workload, run.spec, device)
+        else:
+            from budgettune.trial.distributed import prepare_sharded
+
+            step = prepare_sharded(workload, run.spec, device, mesh)
         measurement: Measurement = measure.measure(step, run.spec)
     except torch.cuda.OutOfMemoryError as exc:
         logger.error("out of memory", exc_info=exc)
@@ -90,6 +138,8 @@ def run_trial(run: TrialRun) -> TrialResult:
         logger.error("trial failed: %s", exc)
         return TrialResult(outcome=TrialOutcome.CRASHED, error=str(exc), **info)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - any other failure of user or torch code is a crash
+        if mesh is not None and _is_collective_error(exc):
+            raise  # another rank went away: `_run_rank` says so
         logger.error("trial crashed", exc_info=exc)
         return TrialResult(outcome=TrialOutcome.CRASHED, error=_one_line(exc)[:500], **info)  # type: ignore[arg-type]
     return TrialResult(
