@@ -28,6 +28,7 @@ from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_ra
 from budgettune.trial.results import (
     TrialOutcome,
     TrialResult,
+    death_message,
     read_result,
     write_result_atomically,
 )
@@ -240,7 +241,7 @@ def launch_trial(
     if run.nproc_per_node > 1:
         merged = merge_rank_results(
             read_rank_results(result_path, run.nproc_per_node),
-            launcher_error=_death_message(returncode) if returncode else "",
+            launcher_error=death_message(returncode, who="trial process") if returncode else "",
         )
         write_result_atomically(result_path, merged)
         return merged.replace(**common)
@@ -249,7 +250,7 @@ def launch_trial(
     except (OSError, ValueError):
         return TrialResult(
             outcome=TrialOutcome.CRASHED,
-            error=_death_message(returncode),
+            error=death_message(returncode, who="trial process"),
             **common,  # type: ignore[arg-type]
         )
 
@@ -300,13 +301,3 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=30)
-
-
-def _death_message(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"trial process killed by {name} without writing a result"
-    return f"trial process exited with code {returncode} without writing a result"

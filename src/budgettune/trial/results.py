@@ -259,3 +259,16 @@ def read_result(path: str | os.PathLike[str]) -> TrialResult:
         return TrialResult.from_json_dict(data)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a TrialResult: {exc}") from exc
+
+
+def death_message(returncode: int, *, who: str) -> str:
+    """Why a child process left no result: the signal that killed it, or its exit code."""
+    import signal
+
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"{who} killed by {name} without writing a result"
+    return f"{who} exited with code {returncode} without writing a result"

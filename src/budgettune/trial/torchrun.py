@@ -30,6 +30,7 @@ from budgettune.trial.ranks import rank_result_path
 from budgettune.trial.results import (
     TrialOutcome,
     TrialResult,
+    death_message,
     read_result,
     write_result_atomically,
 )
@@ -54,16 +55,6 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _death(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"rank process killed by {name} without writing a result"
-    return f"rank process exited with code {returncode} without writing a result"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             result = TrialResult(
-                outcome=TrialOutcome.CRASHED, error=_death(returncode), failed_stage="died"
+                outcome=TrialOutcome.CRASHED,
+                error=death_message(returncode, who="rank process"),
+                failed_stage="died",
             )
         write_result_atomically(result_path, result)
     return 0 if result.outcome is TrialOutcome.OK else 1

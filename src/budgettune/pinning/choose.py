@@ -1,32 +1,20 @@
-"""Choose the winner, write and read the pinned JSON, and apply it in a training job.
-
-    pinned = budgettune.load_pinned("best.json")   # warns when the fingerprint is stale
-    model = pinned.compile(model)                  # functorch config scoped, op list, AC, mode
-    optimizer = pinned.optimizer(optimizer)        # the pinned optimizer implementation
-
-Torch is imported only when a pin is applied (`PinnedConfig.compile`), never to choose one.
-"""
+"""Choose the winner and build the pinned JSON (schema v1) from its re-measurements: the
+search's side of a pin. One rule of "fits" (peak x (1 + margin) within the limit) for all."""
 
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import PinnedConfigError, SpecError
-from budgettune.trial.ranks import memory_split, per_rank_figures, world_size_warning
+from budgettune.trial.ranks import memory_split, per_rank_figures
 from budgettune.trial.results import TrialResult, write_json_atomically
 from budgettune.trial.spec import TrialSpec
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
     from budgettune.search.spec import SearchSpec
 
 SCHEMA_VERSION = 1
@@ -292,158 +280,3 @@ def write_pin(path: str | Path, pin: Mapping[str, Any]) -> Path:
     target = Path(path)
     write_json_atomically(target, pin)
     return target
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PinnedConfig:
-    """A pinned configuration, ready to apply to a model in a training job."""
-
-    spec: TrialSpec
-    """The pinned knobs."""
-    document: Mapping[str, Any] = field(repr=False)
-    """The whole pinned JSON."""
-    path: str = ""
-    """Where it was read from."""
-
-    @property
-    def fingerprint(self) -> Mapping[str, Any]:
-        """torch/CUDA versions, device name and workload fingerprint of the measured job."""
-        return self.document.get("fingerprint", {})
-
-    def stale_reasons(self, *, device: torch.device | str | None = None) -> list[str]:
-        """How the running process differs from the measured one (empty when it matches)."""
-        import torch
-
-        reasons = []
-        expected = self.fingerprint
-        if expected.get("torch_version") and expected["torch_version"] != torch.__version__:
-            reasons.append(f"torch {torch.__version__} (pinned on {expected['torch_version']})")
-        running_cuda = torch.version.cuda or "none"
-        pinned_cuda = expected.get("cuda_version") or "none"
-        if running_cuda != pinned_cuda:
-            reasons.append(f"CUDA {running_cuda} (pinned on {pinned_cuda})")
-        pinned_device = str(expected.get("device_name", ""))
-        if pinned_device and not pinned_device.startswith("cpu") and torch.cuda.is_available():
-            name = torch.cuda.get_device_name(torch.device(device) if device else None)
-            if name != pinned_device:
-                reasons.append(f"GPU {name} (pinned on {pinned_device})")
-        return reasons
-
-    def check_workload(self, workload_fingerprint: Mapping[str, Any]) -> list[str]:
-        """Compare a `workload.fingerprint(...).to_json_dict()` with the pinned one."""
-        expected = self.fingerprint.get("workload") or {}
-        if expected and expected.get("digest") != workload_fingerprint.get("digest"):
-            return [
-                f"workload {workload_fingerprint.get('param_count')} params, batch "
-                f"{workload_fingerprint.get('batch')} (pinned on {expected.get('param_count')} "
-                f"params, batch {expected.get('batch')})"
-            ]
-        return []
-
-    def compile(
-        self,
-        model: nn.Module,
-        *,
-        blocks: Sequence[nn.Module] | None = None,
-        mesh: Any = None,
-        parallelize: Any = None,
-    ) -> nn.Module:
-        """Apply the pin: block AC on ``blocks`` (found if omitted), then compile with the
-        partitioner settings scoped to the model's calls (never set globally).
-
-        A pin measured sharded (``world_size`` > 1), applied in a job under torchrun with the
-        process group initialised (or given a ``mesh``), is applied as its trials were, on this
-        rank: block AC, per-block ``torch.compile(fullgraph=True)``, then ``parallelize(model,
-        mesh)`` or `fully_shard` per block and at the root; call it on every rank, before
-        building the optimizer.
-
-        Warns with `StalePinWarning` when the parameter count differs from the pinned workload,
-        or the job's world size from the pin's (with the measured split of the peak).
-        """
-        from budgettune.blocks import find_blocks
-        from budgettune.trial.recompute import apply_to_model
-
-        expected = (self.fingerprint.get("workload") or {}).get("param_count")
-        count = sum(p.numel() for p in model.parameters())
-        if expected and expected != count:
-            warnings.warn(
-                f"pinned config {self.path or ''} was measured on a model with {expected} "
-                f"parameters, this one has {count}: re-run budgettune search",
-                StalePinWarning,
-                stacklevel=2,
-            )
-        if blocks is None and self.spec.block_ac_every:
-            blocks = find_blocks(model)
-        pinned_world = int(self.document.get("world_size", 1))
-        from budgettune.trial.distributed import sharded_mesh, world_size_from_env
-
-        running_world = world_size_from_env()
-        if running_world != pinned_world:
-            split = (self.document.get("measured") or {}).get("split")
-            text = world_size_warning(
-                pinned_world=pinned_world, running_world=running_world, split=split
-            )
-            warnings.warn(
-                f"pinned config {self.path or ''}: {text}", StalePinWarning, stacklevel=2
-            )
-        mesh = mesh if mesh is not None else sharded_mesh(model, pinned_world, running_world)
-        if mesh is not None:
-            from budgettune.trial.distributed import apply_sharded
-
-            return apply_sharded(model, self.spec, mesh, blocks=blocks, parallelize=parallelize)
-        return apply_to_model(model, self.spec, blocks)
-
-    def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The same optimizer rebuilt with the pinned implementation flag (as written: itself)."""
-        from budgettune.trial.optimizers import rebuild_optimizer
-
-        return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
-
-
-def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
-    """Validate a pinned document.
-
-    Raises:
-        PinnedConfigError: wrong schema version or an invalid spec.
-    """
-    if not isinstance(data, dict):
-        raise PinnedConfigError(f"{source}: a pinned config is a JSON object")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise PinnedConfigError(
-            f"{source}: pinned config schema version {version!r} is not supported "
-            f"(this budgettune reads version {SCHEMA_VERSION}); re-export it with "
-            "`budgettune export` from a matching budgettune"
-        )
-    try:
-        spec = TrialSpec.from_json_dict(data["spec"])
-    except (KeyError, TypeError, SpecError) as exc:
-        raise PinnedConfigError(f"{source}: invalid pinned spec: {exc}") from None
-    return PinnedConfig(spec=spec, document=data, path=source)
-
-
-def load_pinned(path: str | Path, *, warn: bool = True) -> PinnedConfig:
-    """Read a pinned config JSON; warn (`StalePinWarning`) when torch, CUDA or the GPU differ.
-
-    Raises:
-        PinnedConfigError: a missing, corrupt or other-schema file.
-    """
-    source = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PinnedConfigError(f"{source}: no such pinned config") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PinnedConfigError(f"{source}: not a readable pinned config JSON ({exc})") from None
-    pinned = parse_pin(data, source=source)
-    if warn:
-        reasons = pinned.stale_reasons()
-        if reasons:
-            warnings.warn(
-                f"pinned config {source} was measured elsewhere: running on "
-                + "; ".join(reasons)
-                + ". Its memory figures may not hold: re-run `budgettune verify` or search",
-                StalePinWarning,
-                stacklevel=2,
-            )
-    return pinned

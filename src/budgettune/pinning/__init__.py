@@ -1,0 +1,45 @@
+"""Choose the winner, write and read the pinned JSON, and apply it in a training job.
+
+    pinned = budgettune.load_pinned("best.json")   # warns when the fingerprint is stale
+    model = pinned.compile(model)                  # functorch config scoped, op list, AC, mode
+    optimizer = pinned.optimizer(optimizer)        # the pinned optimizer implementation
+
+`choose` is the search's side (which trial, the JSON it gets), `pinned` the training job's
+(read, check the fingerprint, apply). Torch is imported only when a pin is applied.
+"""
+
+from budgettune.pinning.choose import (
+    RESERVED_GAP_FRACTION,
+    SCHEMA_VERSION,
+    SHARDING,
+    Candidate,
+    StalePinWarning,
+    allocator_advice,
+    build_pin,
+    choose_pin,
+    fits_limit,
+    margin_violation_bytes,
+    phase_advice,
+    reference_figures,
+    write_pin,
+)
+from budgettune.pinning.pinned import PinnedConfig, load_pinned, parse_pin
+
+__all__ = [
+    "RESERVED_GAP_FRACTION",
+    "SCHEMA_VERSION",
+    "SHARDING",
+    "Candidate",
+    "PinnedConfig",
+    "StalePinWarning",
+    "allocator_advice",
+    "build_pin",
+    "choose_pin",
+    "fits_limit",
+    "load_pinned",
+    "margin_violation_bytes",
+    "parse_pin",
+    "phase_advice",
+    "reference_figures",
+    "write_pin",
+]
