@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
+    dist.barrier()  # no rank tears its group down while a peer's gather is still in flight
     dist.destroy_process_group()
     if rank != 0:
         return 0
