@@ -1,4 +1,4 @@
-"""benchmarks/tuner.py: issue 5's limits from the grid, the grid best, and the per-limit record."""
+"""benchmarks/tuner.py: issue 10's limits, the grid best, and the per-limit record."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ GRID = [
     _grid("fused-budget-0.7", 15.60, 67.8, optimizer_impl="fused"),
     _grid("fused-budget-0.5", 15.20, 70.0, optimizer_impl="fused"),
     _grid("fused-budget-1.0", 17.50, 66.0, optimizer_impl="fused"),
-    _grid("b8-fused-budget-1.0", 25.0, 150.0, optimizer_impl="fused", batch=8),
+    _grid("b8-fused-budget-1.0", 25.0, 140.0, optimizer_impl="fused", batch=8),
+    _grid("b8-fused-ac-every-1", 19.94, 142.6, optimizer_impl="fused", batch=8),
+    _grid("b64-ac-every-1", 81.0, 1142.0, batch=64),
     {"label": "oom", "options": {}, "spec": {}, "result": {"measurement": None}},
 ]
 
@@ -54,19 +56,21 @@ def test_limits_come_from_the_grid_peaks() -> None:
     assert limits["L1"].gb == pytest.approx(16.50)
     assert limits["L2"].gb == pytest.approx(1.02 * 14.16)
     assert (limits["L3"].gb, limits["L3"].batch, limits["L3"].fixed_optimizer) == (
-        16.0,
+        pytest.approx(1.10 * 19.94),
         8,
-        "fused",
+        None,
     )
     assert (limits["L4"].gb, limits["L4"].fixed_optimizer) == (pytest.approx(15.20), "fused")
+    assert (limits["L5"].gb, limits["L5"].batch, limits["L5"].fixed_optimizer) == (120.0, 64, None)
     # each target is stated against its own baseline
-    assert [(limits[n].baseline, limits[n].max_slowdown) for n in ("L1", "L2", "L3", "L4")] == [
-        ("budget-1.0", -0.10),
+    assert [(limits[n].baseline, limits[n].max_slowdown) for n in sorted(limits)] == [
+        ("budget-1.0", -0.12),
         ("budget-1.0", 0.02),
-        ("b8-fused-budget-1.0", 0.08),
+        ("b8-budget-1.0", 0.03),
         ("fused-budget-1.0", 0.02),
+        ("b64-ac-every-1", -0.10),
     ]
-    assert set(_tuner().limits(GRID[:1])) == {"L3"}  # the others wait for their grid points
+    assert _tuner().limits(GRID[:1]) == {}  # each waits for its grid point
 
 
 def test_grid_best_respects_limit_batch_and_optimizer() -> None:
@@ -75,6 +79,7 @@ def test_grid_best_respects_limit_batch_and_optimizer() -> None:
     assert best(GRID, 16.5e9, optimizer="as_written")["label"] == "budget-0.5"
     assert best(GRID, 15.3e9, optimizer="fused")["label"] == "fused-budget-0.5"
     assert best(GRID, 30e9, batch=8)["label"] == "b8-fused-budget-1.0"
+    assert best(GRID, 21e9, batch=8)["label"] == "b8-fused-ac-every-1"
     assert best(GRID, 10e9) is None
 
 
@@ -150,11 +155,19 @@ def test_record_of_a_search() -> None:
     assert "| 2 trials, 90 s | 300 s | 2 |" in text
 
 
-def test_search_command_fixes_the_optimizer_and_batch_for_l3() -> None:
+def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> None:
     tuner = _tuner()
-    l3 = tuner.limits(GRID)["L3"]
-    command = tuner.search_command(l3, storage="s.db", pin=Path("p.json"), trials=20, reverify=5)
+    known = tuner.limits(GRID)
+    command = tuner.search_command(
+        known["L3"], storage="s.db", pin=Path("p.json"), trials=20, reverify=5
+    )
     joined = " ".join(command[1:])
-    assert "--max-mem 16.000GB" in joined and "--study tuner-L3" in joined
-    assert "-o batch_size=8" in joined and "--fix optimizer_impl=fused" in joined
+    assert "--max-mem 21.934GB" in joined and "--study tuner-L3" in joined
+    assert "-o batch_size=8" in joined and "--fix" not in joined
     assert "--trials 20" in joined and "--reverify 5" in joined
+    l4 = " ".join(
+        tuner.search_command(
+            known["L4"], storage="s.db", pin=Path("p.json"), trials=20, reverify=5
+        )
+    )
+    assert "--fix optimizer_impl=fused" in l4 and "batch_size" not in l4

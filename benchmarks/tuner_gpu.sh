@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 10's tuner searches on one GPU host, longer than one 10-minute device command.
+#
+#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ...     (on the device, with .whl carried)
+#
+# The first call starts one detached driver that runs `python -m benchmarks.tuner run L` for each
+# limit in turn (20 trials, 5 re-measurements, its own study in one SQLite file), on every GPU the
+# host has (`--gpus`). Its state lives in /tmp/bt-tuner, which stays while the machine is warm, so a
+# search's wall time is continuous across device commands. Every call (the first and the next
+# ones, made at once after each other) waits up to WAIT_S seconds and copies the study database,
+# the driver's log, the pins and the records to $OUT.
+#
+# A machine that was given back loses /tmp/bt-tuner: the next call finds no driver, copies the
+# database from benchmarks/results/h200-tuner-2026-11-25/tuner.db (commit what came back first)
+# and resumes each unfinished limit with the trials it still lacks (a trial cut off mid-run is
+# failed and retried by the search). Those records' wall times then include the gap.
+set -uo pipefail
+wait_s=$1
+shift
+results=benchmarks/results
+kept=$results/h200-tuner-2026-11-25
+state=/tmp/bt-tuner
+mkdir -p "$state"
+
+if [ ! -f "$state/installed" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    touch "$state/installed"
+fi
+export PYTHONPATH=/tmp/site
+
+running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
+
+if ! running; then
+    if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
+        cp "$kept/tuner.db" "$state/tuner.db"
+        cp "$kept"/tuner-L*-pin.json "$state/" 2>/dev/null
+        echo "resuming from $kept/tuner.db" | tee -a "$state/driver.log"
+    fi
+    [ -f "$state/device.txt" ] || {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        date
+        python3 -c "import torch; print(torch.__version__)"
+    } > "$state/device.txt" 2>&1
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+    cat > "$state/driver.sh" <<EOF
+#!/usr/bin/env bash
+# one limit after another; a limit with its pin is done
+cd "$PWD"
+export PYTHONPATH=/tmp/site
+for limit in $*; do
+    [ -f "$state/tuner-\$limit-pin.json" ] && continue
+    done_n=\$(python3 - "\$limit" <<'PY'
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+try:
+    study = optuna.load_study(study_name=f"tuner-{sys.argv[1]}", storage="sqlite:///$state/tuner.db")
+except Exception:
+    print(0)
+else:
+    print(sum(t.state != optuna.trial.TrialState.RUNNING for t in study.trials))
+PY
+)
+    left=\$((20 - done_n)); [ "\$left" -ge 1 ] || left=1
+    echo "== \$limit: \$done_n trials done, \$left to run, GPUs $gpus, \$(date -u +%FT%TZ)"
+    python3 -m benchmarks.tuner run "\$limit" \\
+        --grid $(ls $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \
+            $results/llama-b64-h200.jsonl 2>/dev/null | paste -sd' ' -) \\
+        --storage "sqlite:///$state/tuner.db" --pins "$state" --out "$state/tuner-records.jsonl" \\
+        --trials "\$left" --reverify 5 --gpus "$gpus"
+    echo "== \$limit: exit \$? \$(date -u +%FT%TZ)"
+done
+echo "== driver done"
+EOF
+    if grep -q "driver done" "$state/driver.log" 2>/dev/null && [ "$(ls "$state"/tuner-L*-pin.json 2>/dev/null | wc -l)" -ge $# ]; then
+        echo "all pinned"
+    else
+        setsid nohup bash "$state/driver.sh" >> "$state/driver.log" 2>&1 < /dev/null &
+        echo $! > "$state/pid"
+        echo "driver started, pid $(cat "$state/pid")"
+    fi
+fi
+
+end=$((SECONDS + wait_s))
+while running && [ $SECONDS -lt $end ]; do sleep 5; done
+running && echo "driver still running" || echo "driver not running"
+cp "$state"/tuner.db "$state"/driver.log "$state"/device.txt "$OUT"/ 2>/dev/null
+cp "$state"/tuner-L*-pin.json "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
+tail -n 25 "$state/driver.log"
