@@ -203,6 +203,22 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
+def label_offsets(
+    xs: list[float], ys: list[float], near_x: float, near_y: float
+) -> list[tuple[tuple[int, int], str]]:
+    """Where each point's tag goes (offset in points, alignment) so that close points' tags do
+    not print over each other: the n-th point near earlier ones alternates right and left of its
+    marker and steps down every second time."""
+    out: list[tuple[tuple[int, int], str]] = []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        crowd = sum(
+            abs(x - xs[j]) < near_x and abs(y - ys[j]) < near_y for j in range(i)
+        )  # fmt: skip
+        right = crowd % 2 == 0
+        out.append(((5 if right else -5, 3 - 8 * (crowd // 2)), "left" if right else "right"))
+    return out
+
+
 def figure(
     records: list[dict[str, Any]],
     out: Path,
@@ -233,7 +249,7 @@ def figure(
         raise SystemExit("no measured configuration to draw")
     xs = [r["result"]["measurement"]["peak_device_bytes"] / 1e9 for r in ok]
     ys = [r["result"]["measurement"]["step_time_ms"] for r in ok]
-    fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(12, 6.5), dpi=120)
     families = sorted({family_of(r["spec"]) for r in ok})
     markers = "osD^v<>ph*X"
     for n, family in enumerate(families):
@@ -244,11 +260,13 @@ def figure(
             marker=markers[n % len(markers)], facecolors="none" if not fused else None,
             edgecolors=f"C{n % 10}", color=f"C{n % 10}", linewidths=1.4, zorder=3,
         )  # fmt: skip
-        for i in idx:
-            ax.annotate(
-                short_tag(ok[i]["spec"]), (xs[i], ys[i]), textcoords="offset points",
-                xytext=(4, 3), fontsize=7, color="0.3",
-            )  # fmt: skip
+    x_span = (max(xs) - min(xs)) or 1.0
+    y_span = (max(ys) - min(ys)) or 1.0
+    for i, (xytext, ha) in enumerate(label_offsets(xs, ys, x_span / 60, y_span / 40)):
+        ax.annotate(
+            short_tag(ok[i]["spec"]), (xs[i], ys[i]), textcoords="offset points",
+            xytext=xytext, ha=ha, fontsize=7, color="0.3",
+        )  # fmt: skip
     front = pareto_front(list(zip(xs, ys, strict=True)))
     ax.step(
         [xs[i] for i in front], [ys[i] for i in front], where="post", color="0.2",
@@ -257,8 +275,9 @@ def figure(
     for n, (name, gb) in enumerate(sorted(limits.items(), key=lambda kv: kv[1])):
         ax.axvline(gb, color="firebrick", linestyle=":", linewidth=1.2, zorder=1)
         ax.annotate(
-            f"{name} {gb:.2f} GB", (gb, 1.0), xycoords=("data", "axes fraction"),
-            xytext=(3, -12 - 11 * n), textcoords="offset points", fontsize=8, color="firebrick",
+            f"{name} {gb:.2f} GB", (gb, 0.0), xycoords=("data", "axes fraction"),
+            xytext=(3, 4 + 11 * (n % 2)), textcoords="offset points", fontsize=8,
+            color="firebrick",
         )  # fmt: skip
     for label, pin in pins.items():
         measured = pin["measured"]
@@ -280,7 +299,7 @@ def figure(
     ax.set_xlabel("peak device memory, GB (worst re-measured for pins)")
     ax.set_ylabel("median step time, ms (lower is better)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

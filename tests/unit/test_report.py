@@ -107,3 +107,15 @@ def test_figure_draws_a_png_and_returns_the_frontier(tmp_path: Path) -> None:
     front = report.figure(rows, out, limits={"L1": 15.0}, pins={"tuner": pin})
     assert front == ["ac", "budget-1.0"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_label_offsets_move_crowded_tags_apart() -> None:
+    offsets = _report().label_offsets(
+        [19.0, 19.01, 19.02, 19.0, 16.0], [80.0, 80.2, 80.1, 90.0, 80.0], 0.1, 1.0
+    )
+    # the first of a crowd goes right, the second left, the third right and one step down
+    assert offsets[0] == ((5, 3), "left")
+    assert offsets[1] == ((-5, 3), "right")
+    assert offsets[2] == ((5, -5), "left")
+    # far points (another y, another x) keep the default place
+    assert offsets[3] == offsets[4] == ((5, 3), "left")
