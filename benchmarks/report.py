@@ -21,6 +21,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+README_FILES = tuple(
+    Path("benchmarks/results") / name
+    for name in (
+        "tuner-h200.jsonl",
+        "llama-grid-h200.jsonl",
+        "llama-b8-h200.jsonl",
+        "vit-grid-h200.jsonl",
+    )
+)
+"""What the README's results section is rendered from (``--readme`` with no files)."""
 COLUMNS = (
     "config",
     "workload options",
@@ -29,7 +39,7 @@ COLUMNS = (
     "peak allocated GB",
     "peak in",
     "step ms (p10-p90)",
-    "vs first row",
+    "vs baseline",
     "compile s",
 )
 
@@ -50,6 +60,16 @@ def _options(options: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(options.items())) or "defaults"
 
 
+def baseline_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a file's step times are compared with: its first measured compile at budget 1.0
+    (a label ending in ``budget-1.0``: the user's unconstrained baseline), else its first
+    measured row."""
+    measured = [r for r in rows if r["result"].get("measurement")]
+    return next((r for r in measured if r["label"].endswith("budget-1.0")), None) or next(
+        iter(measured), None
+    )
+
+
 def table(records: list[dict[str, Any]]) -> str:
     """One markdown table per results file, each with its device, torch version and dates."""
     out: list[str] = []
@@ -60,21 +80,21 @@ def table(records: list[dict[str, Any]]) -> str:
         dates = sorted(r["date"][:10] for r in rows)
         devices = sorted({r["device"] for r in rows})
         torches = sorted({r["torch_version"] for r in rows})
+        base = baseline_row(rows)
+        base_ms = base["result"]["measurement"]["step_time_ms"] if base else None
         out.append(
             f"**{name}** — {', '.join(devices)}, torch {', '.join(torches)}, "
             f"{dates[0]}{'' if dates[0] == dates[-1] else ' to ' + dates[-1]}, "
-            f"workload {rows[0]['workload']}\n"
+            f"workload {rows[0]['workload']}; baseline {base['label'] if base else '-'}\n"
         )
         out.append("| " + " | ".join(COLUMNS) + " |")
         out.append("|" + "---|" * len(COLUMNS))
-        first_ms = None
         for r in rows:
             result = r["result"]
             m = result.get("measurement")
-            if m is None:
+            if m is None or base_ms is None:
                 cells = [r["label"], _options(r["options"]), result["outcome"]] + ["-"] * 6
             else:
-                first_ms = first_ms or m["step_time_ms"]
                 cells = [
                     r["label"],
                     _options(r["options"]),
@@ -84,7 +104,7 @@ def table(records: list[dict[str, Any]]) -> str:
                     m["peak_phase"],
                     f"{m['step_time_ms']:.1f} ({m['step_time_p10_ms']:.1f}-"
                     f"{m['step_time_p90_ms']:.1f})",
-                    f"{(m['step_time_ms'] / first_ms - 1) * 100:+.1f}%",
+                    f"{(m['step_time_ms'] / base_ms - 1) * 100:+.1f}%",
                     f"{m['compile_s']:.0f}",
                 ]
             out.append("| " + " | ".join(cells) + " |")
@@ -374,13 +394,19 @@ def rewrite_readme(readme: Path, body: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument(
+        "files", nargs="*", type=Path, help="results files (with --readme: default README_FILES)"
+    )
     parser.add_argument("--readme", type=Path, help="rewrite this README's results section")
     parser.add_argument("--figure", type=Path, help="draw the memory x time figure to this PNG")
     parser.add_argument("--limit", action="append", default=[], help="NAME=GB (repeatable)")
     parser.add_argument("--pin", action="append", default=[], help="LABEL=PIN.json (repeatable)")
     parser.add_argument("--title", help="figure title (default from the records)")
     args = parser.parse_args(argv)
+    if not args.files:
+        if not args.readme:
+            parser.error("give the results files (only --readme has a default)")
+        args.files = list(README_FILES)
     everything = read_records(args.files)
     records = [r for r in everything if r.get("kind") != "tuner"]
     tuned = [r for r in everything if r.get("kind") == "tuner"]
@@ -390,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
         sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
         return 0
-    body = "\n".join(part for part in (table(records), tuner_table(tuned)) if part)
+    body = "\n".join(part for part in (tuner_table(tuned), table(records)) if part)
     if args.readme:
         rewrite_readme(args.readme, body)
     else:

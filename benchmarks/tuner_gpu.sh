@@ -84,6 +84,17 @@ fi
 end=$((SECONDS + wait_s))
 while running && [ $SECONDS -lt $end ]; do sleep 5; done
 running && echo "driver still running" || echo "driver not running"
-cp "$state"/tuner.db "$state"/driver.log "$state"/device.txt "$OUT"/ 2>/dev/null
+# The study database is in WAL mode: a plain copy of tuner.db misses what the WAL holds, so
+# take a consistent snapshot through SQLite's backup API (safe while the search writes).
+python3 - "$state/tuner.db" "$OUT/tuner.db" <<'PY'
+import sqlite3, sys
+src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
+src.backup(dst)
+dst.execute("PRAGMA journal_mode = DELETE")
+dst.close()
+PY
+cat "$state/device.txt" budgettune-runs/tuner-L*/workers/*.log > "$OUT/workers.log" 2>/dev/null
+cp "$state"/driver.log "$OUT"/ 2>/dev/null
 cp "$state"/tuner-L*-pin.json "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
-tail -n 25 "$state/driver.log"
+tail -n 15 "$state/driver.log"
+tail -n 25 "$OUT/workers.log" 2>/dev/null

@@ -158,3 +158,69 @@ def test_a_resumed_search_beats_at_the_studys_heartbeat(tmp_path: Path) -> None:
     with storage.open_storage(url, heartbeat_interval_s=10) as store:
         Searcher(_search(url, tmp_path / "runs"), store).claim.close()
         assert store.optuna_storage.heartbeat_interval == 30
+
+
+def test_a_cut_off_reverification_resumes_with_the_runs_it_stored(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 10: a search cut off while re-verifying (a 10-minute device command, a lost host)
+    keeps every fresh run it finished, and the resumed search measures only the missing ones;
+    runs from another torch version do not count."""
+    import dataclasses
+
+    from budgettune.search import searcher as searcher_mod
+    from budgettune.search.fresh import FreshJob
+    from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+
+    def result(ms: float, torch_version: str = "2.13.0") -> TrialResult:
+        figures = Measurement(
+            peak_allocated_bytes=90_000_000, peak_reserved_bytes=95_000_000,
+            peak_device_bytes=95_000_000, steady_bytes=1, phase_peak_bytes={"backward": 1},
+            peak_phase="backward", step_time_ms=ms, step_time_p10_ms=ms, step_time_p90_ms=ms,
+            compile_s=1.0, loss=1.0, grad_norm=1.0,
+        )  # fmt: skip
+        return TrialResult(
+            outcome=TrialOutcome.OK, measurement=figures, device_name="cpu",
+            torch_version=torch_version,
+        )  # fmt: skip
+
+    url = f"sqlite:///{tmp_path / 'bt.db'}"
+    spec = FAST.replace(activation_memory_budget=0.5)
+    study = optuna.create_study(study_name="s", storage=url)
+    study.add_trial(_measured("budget-0.5", spec, peak=95_000_000, ms=20.0))
+    launched: list[str] = []
+
+    def fake_launcher(timeout_s: float):
+        def launch(run, run_dir: Path) -> TrialResult:
+            launched.append(run_dir.name)
+            return result(21.0 + len(launched))
+
+        return launch
+
+    monkeypatch.setattr(searcher_mod, "launcher", fake_launcher)
+    search = dataclasses.replace(_search(url, tmp_path / "runs"), reverify_runs=4)
+    with storage.open_storage(url, heartbeat_interval_s=10) as store:
+        searcher = Searcher(search, store, add_trials=False)
+        try:
+            searcher._store(0, "trial", spec, result(20.0))
+            # the cut-off search had stored two runs, and one from another torch
+            for ms, version in ((30.0, "2.13.0"), (31.0, "2.12.0"), (32.0, "2.13.0")):
+                searcher._store(0, "reverify", spec, result(ms, version))
+            job = FreshJob(spec=spec, number=0, run_name="reverify-0000", phase="re-verifying")
+            (runs,) = searcher.fresh_batch([job])
+            # two kept, two measured now (in the next run folders), each stored as it came
+            assert [r.measurement.step_time_ms for r in runs if r.measurement] == [
+                30.0, 32.0, 22.0, 23.0,
+            ]  # fmt: skip
+            assert launched == ["reverify-0000-2", "reverify-0000-3"]
+            stored = store.measurements("s", kind="reverify")
+            assert [m.step_time_ms for m in stored] == [30.0, 31.0, 32.0, 22.0, 23.0]
+            # resumed again: nothing is missing, nothing runs
+            (again,) = searcher.fresh_batch([job])
+            assert len(again) == 4 and len(launched) == 2
+            # another configuration of the same trial number shares nothing
+            other = dataclasses.replace(job, spec=spec.replace(block_ac_every=1))
+            (fresh,) = searcher.fresh_batch([other])
+            assert len(fresh) == 4 and len(launched) == 6
+        finally:
+            searcher.claim.close()

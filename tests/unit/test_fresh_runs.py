@@ -71,3 +71,32 @@ def test_one_device_runs_one_after_another_on_the_searchs_device(tmp_path: Path)
     assert [len(rs) for rs in results] == [2, 2]
     assert launch.most_at_once == 1 and {d for d, _ in launch.seen} == {"cuda"}
     assert phases == ["job 0 (1/2)", "job 0 (2/2)", "job 1 (1/2)", "job 1 (2/2)"]
+
+
+def test_each_result_is_finished_in_order_as_it_comes_and_missing_runs_only(
+    tmp_path: Path,
+) -> None:
+    """`finish` (the numerics check and the storage write) sees each run in the order asked,
+    in the calling thread; per-job counts run only what is missing, in the next run folders."""
+    for devices in ((), ("cuda:0", "cuda:1")):
+        launch = _Launcher()
+        finished: list[tuple[int, str, str]] = []
+
+        def finish(index: int, result: TrialResult) -> TrialResult:
+            finished.append((index, result.error, threading.current_thread().name))
+            return TrialResult(outcome=TrialOutcome.TIMEOUT, error=f"checked {result.error}")
+
+        results = run_batch(
+            _jobs(3), runs=[2, 0, 1], make_run=_make_run, runs_dir=tmp_path / str(len(devices)),
+            devices=devices, launch=launch, on_phase=lambda _: None, finish=finish,
+            first_repeat=[3, 5, 4],
+        )  # fmt: skip
+        assert [(i, e) for i, e, _ in finished] == [
+            (0, "0:reverify-0000-3"), (0, "0:reverify-0000-4"), (2, "2:reverify-0002-4"),
+        ]  # fmt: skip
+        assert {thread for _, _, thread in finished} == {threading.main_thread().name}
+        assert [[r.error for r in rs] for rs in results] == [
+            ["checked 0:reverify-0000-3", "checked 0:reverify-0000-4"], [],
+            ["checked 2:reverify-0002-4"],
+        ]  # fmt: skip
+        assert len(launch.seen) == 3

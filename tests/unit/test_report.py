@@ -64,14 +64,24 @@ def test_readme_section_is_rewritten_between_markers(tmp_path: Path) -> None:
 
 def test_committed_readme_table_matches_the_results_files() -> None:
     report = _report()
-    files = [
-        ROOT / "benchmarks" / "results" / "llama-h200.jsonl",
-        ROOT / "benchmarks" / "results" / "llama-tied-fp32loss-h200.jsonl",
-    ]
-    tuned = report.read_records([ROOT / "benchmarks" / "results" / "tuner-h200.jsonl"])
-    body = report.table(report.read_records(files)) + "\n" + report.tuner_table(tuned)
+    everything = report.read_records([ROOT / f for f in report.README_FILES])
+    records = [r for r in everything if r.get("kind") != "tuner"]
+    tuned = [r for r in everything if r.get("kind") == "tuner"]
+    body = report.tuner_table(tuned) + "\n" + report.table(records)
     readme = (ROOT / "README.md").read_text()
     assert f"{report.BEGIN}\n{body}\n{report.END}" in readme
+
+
+def test_step_times_are_compared_with_the_files_budget_one_row() -> None:
+    def row(label: str, ms: float | None) -> dict[str, object]:
+        m = None if ms is None else {"step_time_ms": ms}
+        return {"label": label, "result": {"measurement": m}}
+
+    baseline_row = _report().baseline_row
+    rows = [row("eager", 90.0), row("b8-budget-1.0", None), row("b8-fused-budget-1.0", 80.0)]
+    assert baseline_row(rows)["label"] == "b8-fused-budget-1.0"  # the first measured one
+    assert baseline_row([row("eager", 90.0), row("ac-every-1", 95.0)])["label"] == "eager"
+    assert baseline_row([row("oom", None)]) is None
 
 
 def test_pareto_front_keeps_only_undominated_points() -> None:

@@ -4,8 +4,10 @@ every device the search was given.
 Each run is a fresh child process like a trial. With ``--gpus 0,1,...`` the runs of a batch go
 to every listed GPU at once, one run per GPU at a time (the rule trials follow), instead of all
 to the first one: on two H200s the serial re-verification was about half of a 16-trial study's
-wall time. On one device (or the CPU) they run one after another. Numerics checks and storage
-writes happen here, in the calling thread, in the order the runs were asked for.
+wall time. On one device (or the CPU) they run one after another. Each result is handed to the
+caller's ``finish`` (numerics check, storage write) in the calling thread, in the order the runs
+were asked for, as soon as it and the ones before it are in: a search cut off mid-way keeps the
+runs it finished, and the next one reuses them (`Searcher.fresh_batch`).
 """
 
 from __future__ import annotations
@@ -45,41 +47,53 @@ Launch = Callable[[TrialRun, Path], TrialResult]
 def run_batch(
     jobs: Sequence[FreshJob],
     *,
-    runs: int,
+    runs: int | Sequence[int],
     make_run: Callable[[TrialSpec], TrialRun],
     runs_dir: Path,
     devices: Sequence[str],
     launch: Launch,
     on_phase: Callable[[str], None],
+    finish: Callable[[int, TrialResult], TrialResult] | None = None,
+    first_repeat: Sequence[int] | None = None,
 ) -> list[list[TrialResult]]:
     """Measure every job ``runs`` times; with several devices, the runs go out in parallel.
 
     Args:
         jobs: the configurations, in the order their results are returned.
-        runs: fresh runs per job.
+        runs: fresh runs per job (one count for all, or one per job; 0 runs none).
         make_run: the `TrialRun` of a spec for this search (its device is replaced by the
             slot's when ``devices`` has more than one entry).
         runs_dir: the study's run folder.
         devices: the device slots (``cuda:0``, ``cuda:1``, ...); one run per slot at a time.
         launch: measures one run in a fresh process.
         on_phase: progress.
+        finish: called with (job index, result) for every run, in the calling thread and in
+            task order, as soon as the run and those asked for before it have finished; what
+            it returns is kept (a numerics check may change the outcome).
+        first_repeat: per job, the number of its first run folder (runs already made elsewhere
+            keep theirs); default 0.
 
     Returns:
         Each job's results, in run order.
     """
-    tasks = [(index, repeat) for index in range(len(jobs)) for repeat in range(runs)]
-    results: list[list[TrialResult | None]] = [[None] * runs for _ in jobs]
+    counts = [runs] * len(jobs) if isinstance(runs, int) else list(runs)
+    offsets = list(first_repeat) if first_repeat is not None else [0] * len(jobs)
+    tasks = [(index, repeat) for index in range(len(jobs)) for repeat in range(counts[index])]
+    results: list[list[TrialResult | None]] = [[None] * n for n in counts]
+
+    def keep(index: int, repeat: int, result: TrialResult) -> None:
+        results[index][repeat] = result if finish is None else finish(index, result)
 
     def prepared(index: int, repeat: int, device: str | None) -> tuple[TrialRun, Path]:
         run = make_run(jobs[index].spec)
         if device is not None:
             run = dataclasses.replace(run, device=device)
-        return run, runs_dir / f"{jobs[index].run_name}-{repeat}"
+        return run, runs_dir / f"{jobs[index].run_name}-{offsets[index] + repeat}"
 
     if len(devices) <= 1:
         for index, repeat in tasks:
-            on_phase(f"{jobs[index].phase} ({repeat + 1}/{runs})")
-            results[index][repeat] = launch(*prepared(index, repeat, None))
+            on_phase(f"{jobs[index].phase} ({repeat + 1}/{counts[index]})")
+            keep(index, repeat, launch(*prepared(index, repeat, None)))
         return [[r for r in rs if r is not None] for rs in results]
 
     free: queue.Queue[str] = queue.Queue()
@@ -100,7 +114,7 @@ def run_batch(
         }
         for done, (index, repeat) in enumerate(tasks, start=1):
             on_phase(f"{names}: {len(tasks)} runs on {len(devices)} devices ({done}/{len(tasks)})")
-            results[index][repeat] = futures[(index, repeat)].result()
+            keep(index, repeat, futures[(index, repeat)].result())
     return [[r for r in rs if r is not None] for rs in results]
 
 

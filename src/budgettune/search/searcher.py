@@ -353,25 +353,53 @@ class Searcher:
 
     def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
         """Measure each job ``--reverify`` times in fresh processes (over every device of
-        ``devices`` at once), each run stored as a ``reverify`` of its trial; numerics are
-        checked against the study's reference where the job asks."""
-        batches = run_batch(
+        ``devices`` at once), each run stored as a ``reverify`` of its trial as soon as it is
+        in; numerics are checked against the study's reference where the job asks.
+
+        Runs this study already stored for the same trial and configuration on the same GPU
+        model and torch version (a search cut off while re-verifying, resumed) count: only the
+        missing ones are measured."""
+        kept = [self.stored_reverify(job) for job in jobs]
+        wanted = self.search.reverify_runs
+        reference = self.reference()
+
+        def finish(index: int, result: TrialResult) -> TrialResult:
+            job = jobs[index]
+            if job.check:
+                result = check_numerics(result, reference)
+            self._store(job.number, "reverify", job.spec, result)
+            return result
+
+        fresh = run_batch(
             jobs,
-            runs=self.search.reverify_runs,
+            runs=[max(0, wanted - len(old)) for old in kept],
             make_run=self.search.trial_run,
             runs_dir=self.runs_dir,
             devices=self.devices,
             launch=launcher(self.search.trial_timeout_s),
             on_phase=self.on_phase,
+            finish=finish,
+            first_repeat=[len(old) for old in kept],
         )
-        checked: list[list[TrialResult]] = []
-        for job, results in zip(jobs, batches, strict=True):
-            if job.check:
-                results = [check_numerics(r, self.reference()) for r in results]
-            for result in results:
-                self._store(job.number, "reverify", job.spec, result)
-            checked.append(results)
-        return checked
+        return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
+
+    def stored_reverify(self, job: FreshJob) -> list[TrialResult]:
+        """The ``reverify`` runs of ``job`` this study already holds that count for it: same
+        trial, same configuration, and measured on the GPU model and torch version of the
+        trial's own measurement (when the trial has none, nothing counts)."""
+        stored = [
+            m
+            for m in self.store.measurements(self.search.study_name, kind="reverify")
+            if m.trial_number == job.number and m.spec == job.spec
+        ]
+        if not stored:
+            return []
+        trial = self.store.measurements(self.search.study_name, kind="trial")
+        own = [m for m in trial if m.trial_number == job.number]
+        if not own:
+            return []
+        machine = (own[-1].device_name, own[-1].torch_version)
+        return [m.to_result() for m in stored if (m.device_name, m.torch_version) == machine]
 
     def pin(self) -> dict[str, Any]:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""
