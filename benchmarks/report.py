@@ -416,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
         sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
         return 0
-    body = "\n".join(part for part in (tuner_table(tuned), table(records)) if part)
+    from benchmarks.tuner import limits_table  # tuner imports this module
+
+    body = "\n".join(
+        part for part in (limits_table(records), tuner_table(tuned), table(records)) if part
+    )
     if args.readme:
         rewrite_readme(args.readme, body)
     else:

@@ -114,12 +114,16 @@ def grid_best(
     metric: str = "device",
     batch: int = 4,
     optimizer: str | None = None,
+    workload: str = "builtin:llama",
 ) -> dict[str, Any] | None:
-    """The fastest measured grid configuration at or under the limit (same batch/optimizer)."""
+    """The fastest measured grid configuration at or under the limit (same workload, batch and
+    optimizer; a record that names no workload counts as ``workload``)."""
     best = None
     for record in records:
         m = record["result"].get("measurement")
         if not m or record["options"].get("batch_size", 4) != batch:
+            continue
+        if record.get("workload", workload) != workload:
             continue
         if optimizer is not None and record["spec"].get("optimizer_impl") != optimizer:
             continue
@@ -128,6 +132,48 @@ def grid_best(
         if best is None or m["step_time_ms"] < best["result"]["measurement"]["step_time_ms"]:
             best = record
     return best
+
+
+def limits_table(records: Sequence[dict[str, Any]]) -> str:
+    """The limits the grid defines, each with its baseline and the best grid configuration
+    under it: what a pin is measured against, and whether the grid itself meets the target."""
+    known = limits(records)
+    if not known:
+        return ""
+    out = [
+        "**Limits** (issue 10; from the grid files, device metric)\n",
+        "| limit | definition | GB | baseline | best grid config under the limit | vs baseline "
+        "| target | the grid meets it |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for limit in known.values():
+        base = next(
+            (
+                r
+                for r in records
+                if r["label"] == limit.baseline and r["result"].get("measurement")
+            ),
+            None,
+        )
+        best = grid_best(
+            records, limit.gb * 1e9, batch=limit.batch, optimizer=limit.fixed_optimizer
+        )
+        base_ms = base["result"]["measurement"]["step_time_ms"] if base else None
+        if best is None:
+            best_cell, versus, meets = "none measured fits", "-", "-"
+        else:
+            m = best["result"]["measurement"]
+            best_cell = f"{best['label']} ({m['peak_device_bytes'] / 1e9:.2f} GB, "
+            best_cell += f"{m['step_time_ms']:.1f} ms)"
+            ratio = None if base_ms is None else m["step_time_ms"] / base_ms - 1
+            versus = "-" if ratio is None else f"{ratio * 100:+.1f}%"
+            meets = "-" if ratio is None else ("yes" if ratio <= limit.max_slowdown else "no")
+        base_cell = "not measured" if base_ms is None else f"{limit.baseline} ({base_ms:.1f} ms)"
+        out.append(
+            f"| {limit.name} | {limit.why} | {limit.gb:.3f} | {base_cell} | {best_cell} "
+            f"| {versus} | <= {limit.max_slowdown * 100:+.0f}% | {meets} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def first_within(

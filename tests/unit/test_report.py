@@ -67,7 +67,8 @@ def test_committed_readme_table_matches_the_results_files() -> None:
     everything = report.read_records([ROOT / f for f in report.README_FILES])
     records = [r for r in everything if r.get("kind") != "tuner"]
     tuned = [r for r in everything if r.get("kind") == "tuner"]
-    body = report.tuner_table(tuned) + "\n" + report.table(records)
+    limits = importlib.import_module("benchmarks.tuner").limits_table(records)
+    body = "\n".join(p for p in (limits, report.tuner_table(tuned), report.table(records)) if p)
     readme = (ROOT / "README.md").read_text()
     assert f"{report.BEGIN}\n{body}\n{report.END}" in readme
 

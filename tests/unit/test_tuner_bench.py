@@ -81,6 +81,8 @@ def test_grid_best_respects_limit_batch_and_optimizer() -> None:
     assert best(GRID, 30e9, batch=8)["label"] == "b8-fused-budget-1.0"
     assert best(GRID, 21e9, batch=8)["label"] == "b8-fused-ac-every-1"
     assert best(GRID, 10e9) is None
+    vit = {**GRID[1], "label": "vit-budget-1.0", "workload": "builtin:vit"}
+    assert best([vit], 20e9) is None and best([vit], 20e9, workload="builtin:vit") == vit
 
 
 def _trial(number: int, start: float, end: float, ms: float, feasible: bool = True):
@@ -171,3 +173,17 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
         )
     )
     assert "--fix optimizer_impl=fused" in l4 and "batch_size" not in l4
+
+
+def test_limits_table_says_whether_the_grid_meets_each_target() -> None:
+    text = _tuner().limits_table(GRID)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()[4:]}
+    # L1 16.50 GB: fused-budget-0.7 at 67.8 ms against budget-1.0's 77.0 is -11.9 %
+    assert "fused-budget-0.7 (15.60 GB, 67.8 ms) | -11.9% | <= -12% | no |" in rows["L1"]
+    # L3: no B=8 baseline as written in this grid
+    assert "| not measured |" in rows["L3"] and rows["L3"].endswith("| - |")
+    # L4: only fused configurations count; 70.0 vs 66.0 ms is +6.1 %
+    assert "fused-budget-0.5 (15.20 GB, 70.0 ms) | +6.1% | <= +2% | no |" in rows["L4"]
+    grid = [*GRID, _grid("fused-budget-0.6", 15.20, 67.0, optimizer_impl="fused")]
+    assert _tuner().limits_table(grid).splitlines()[7].endswith("| +1.5% | <= +2% | yes |")
+    assert _tuner().limits_table(GRID[:1]) == ""
