@@ -128,6 +128,21 @@ TUNER_COLUMNS = (
 )
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def versus(r: dict[str, Any]) -> str:
+    """The tuner row's "vs baseline" cell: against the search's own re-measured baseline (when
+    the pin has it) and against the grid's."""
+    base = r["baseline"]
+    grid = _pct(r["vs_baseline"]) + ("" if base is None else f" vs {base['label']}")
+    if r.get("vs_study_baseline") is None:
+        return grid
+    runs = r.get("study_baseline_runs")
+    return f"{_pct(r['vs_study_baseline'])} ({runs} runs in the study); grid: {grid}"
+
+
 def tuner_table(records: list[dict[str, Any]]) -> str:
     """The tuner's per-limit records (``benchmarks/tuner.py``) as one markdown table."""
     if not records:
@@ -141,9 +156,6 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
         "| " + " | ".join(TUNER_COLUMNS) + " |",
         "|" + "---|" * len(TUNER_COLUMNS),
     ]
-
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{value * 100:+.1f}%"
 
     for r in records:
         pin, best, within = r["pin"], r["grid_best"], r["within_2pct"]
@@ -159,7 +171,8 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
             else f"{within['trials']} trials, {within['wall_s']:.0f} s"
         )
         wall = "-" if r["total_wall_s"] is None else f"{r['total_wall_s']:.0f} s"
-        base = r["baseline"]
+        if r.get("active_wall_s") is not None:
+            wall += f" ({r['active_wall_s']:.0f} s running)"
         target = (
             "-"
             if r.get("max_slowdown") is None
@@ -171,10 +184,10 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
             pin["config"],
             f"{pin['peak_worst_bytes'] / 1e9:.2f} ({pin['runs']})",
             f"{pin['step_time_ms']:.1f}",
-            pct(r["vs_baseline"]) + ("" if base is None else f" vs {base['label']}"),
+            versus(r),
             target,
             grid_cell,
-            pct(r["vs_grid_best"]),
+            _pct(r["vs_grid_best"]),
             reached,
             wall,
             str(r["trials"]),
@@ -299,13 +312,16 @@ def figure(
             xytext=(3, 4 + 11 * (n % 2)), textcoords="offset points", fontsize=8,
             color="firebrick",
         )  # fmt: skip
-    for label, pin in pins.items():
+    for n, (label, pin) in enumerate(pins.items()):
         measured = pin["measured"]
         x, y = measured["peak_device_worst_bytes"] / 1e9, measured["step_time_ms"]
         ax.scatter([x], [y], marker="*", s=260, color="gold", edgecolors="black", zorder=4)
+        # the pins sit among the grid's tags: label them off to the side, with an arrow
         ax.annotate(
-            f"pin: {label}", (x, y), textcoords="offset points", xytext=(8, -14), fontsize=8,
-            fontweight="bold",
+            f"pin {label}: {y:.1f} ms, {x:.2f} GB", (x, y), textcoords="offset points",
+            xytext=(30, 40 + 14 * n), fontsize=8, fontweight="bold",
+            arrowprops={"arrowstyle": "-", "color": "0.2", "linewidth": 0.8},
+            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "0.6"},
         )  # fmt: skip
     if title is None:
         first = ok[0]

@@ -155,6 +155,22 @@ def test_record_of_a_search() -> None:
         "fused-budget-0.7 (15.60 GB, 67.8 ms) | +0.3% |"
     ) in text
     assert "| 2 trials, 90 s | 300 s | 2 |" in text
+    # with the search's own re-measured baseline, the target is judged on that one
+    own = {**pin, "baseline": {"slowdown": -0.125, "runs": 5}}
+    strict = _tuner().record(name="L1", trials=trials, pin=own, grid=GRID, max_slowdown=-0.12)
+    assert strict["vs_study_baseline"] == -0.125 and strict["target_met"] is True
+    assert strict["vs_baseline"] == pytest.approx(68.0 / 77.0 - 1)  # -11.7 %: the grid's
+    strict["date"], strict["active_wall_s"] = pin["created_at"], 250.0
+    text = report.tuner_table([strict])
+    assert "| -12.5% (5 runs in the study); grid: -11.7% vs budget-1.0 | <= -12%: met |" in text
+    assert "| 300 s (250 s running) |" in text
+    # L5's baseline is full block AC: its own re-measurement is the pin's full_ac
+    l5 = {**pin, "baseline": None, "full_ac": {"slowdown": -0.2, "runs": 5}}
+    row5 = _tuner().record(
+        name="L5", trials=trials, pin=l5, grid=GRID, baseline_label="b64-ac-every-1",
+        max_slowdown=-0.10,
+    )  # fmt: skip
+    assert row5["vs_study_baseline"] == -0.2 and row5["target_met"] is True
 
 
 def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> None:
