@@ -5,15 +5,16 @@
 #
 # The first call starts one detached driver that runs `python -m benchmarks.tuner run L` for each
 # limit in turn (20 trials, 5 re-measurements, its own study in one SQLite file), on every GPU the
-# host has (`--gpus`). Its state lives in /tmp/bt-tuner, which stays while the machine is warm, so a
-# search's wall time is continuous across device commands. Every call (the first and the next
-# ones, made at once after each other) waits up to WAIT_S seconds and copies the study database,
-# the driver's log, the pins and the records to $OUT.
+# host has (`--gpus`). Its state lives in /tmp/bt-tuner. Every call waits up to WAIT_S seconds and
+# brings back a consistent copy of the study database (SQLite backup: it is in WAL mode), the
+# driver's and the workers' logs, the pins and the records. Make the next call at once: the
+# driver survives from one call to the next only while the same machine is held (seen on
+# 2026-11-25: it did between two calls, and was gone on each new machine; a lease lasts 30 min).
 #
-# A machine that was given back loses /tmp/bt-tuner: the next call finds no driver, copies the
-# database from benchmarks/results/h200-tuner-2026-11-25/tuner.db (commit what came back first)
-# and resumes each unfinished limit with the trials it still lacks (a trial cut off mid-run is
-# failed and retried by the search). Those records' wall times then include the gap.
+# A call that finds no driver copies the database from benchmarks/results/h200-tuner-2026-11-25/
+# (put what came back there first) and resumes each unfinished limit with the trials it still
+# lacks (at least one: a resumed search adds one). A trial cut off mid-run is failed and retried
+# by the search; re-verification runs already stored count, so only the missing ones run.
 set -uo pipefail
 wait_s=$1
 shift
@@ -34,7 +35,7 @@ running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 if ! running; then
     if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
         cp "$kept/tuner.db" "$state/tuner.db"
-        cp "$kept"/tuner-L*-pin.json "$state/" 2>/dev/null
+        cp "$kept"/tuner-L*-pin.json "$kept"/tuner-records.jsonl "$state/" 2>/dev/null
         echo "resuming from $kept/tuner.db" | tee -a "$state/driver.log"
     fi
     [ -f "$state/device.txt" ] || {
