@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from budgettune.storage import Storage
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialRun, TrialSpec
@@ -125,3 +126,21 @@ def launcher(timeout_s: float) -> Launch:
         return launch_trial(run, run_dir=run_dir, timeout_s=timeout_s)
 
     return launch
+
+
+def stored_runs(store: Storage, study_name: str, job: FreshJob) -> list[TrialResult]:
+    """The ``reverify`` runs of ``job`` the study already holds that count for it (a search cut
+    off while re-verifying, resumed): same trial, same configuration, and measured on the GPU
+    model and torch version of the trial's own measurement (when it has none, nothing counts)."""
+    stored = [
+        m
+        for m in store.measurements(study_name, kind="reverify")
+        if m.trial_number == job.number and m.spec == job.spec
+    ]
+    if not stored:
+        return []
+    own = [m for m in store.measurements(study_name, kind="trial") if m.trial_number == job.number]
+    if not own:
+        return []
+    machine = (own[-1].device_name, own[-1].torch_version)
+    return [m.to_result() for m in stored if (m.device_name, m.torch_version) == machine]

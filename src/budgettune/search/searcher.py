@@ -30,7 +30,7 @@ from budgettune.pinning import (
     margin_violation_bytes,
 )
 from budgettune.search.crash_memory import find_exclusions, narrow
-from budgettune.search.fresh import FreshJob, launcher, run_batch
+from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
 from budgettune.search.opening import open_study
 from budgettune.search.space import suggest_spec
@@ -359,7 +359,7 @@ class Searcher:
         Runs this study already stored for the same trial and configuration on the same GPU
         model and torch version (a search cut off while re-verifying, resumed) count: only the
         missing ones are measured."""
-        kept = [self.stored_reverify(job) for job in jobs]
+        kept = [stored_runs(self.store, self.search.study_name, job) for job in jobs]
         wanted = self.search.reverify_runs
         reference = self.reference()
 
@@ -382,24 +382,6 @@ class Searcher:
             first_repeat=[len(old) for old in kept],
         )
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
-
-    def stored_reverify(self, job: FreshJob) -> list[TrialResult]:
-        """The ``reverify`` runs of ``job`` this study already holds that count for it: same
-        trial, same configuration, and measured on the GPU model and torch version of the
-        trial's own measurement (when the trial has none, nothing counts)."""
-        stored = [
-            m
-            for m in self.store.measurements(self.search.study_name, kind="reverify")
-            if m.trial_number == job.number and m.spec == job.spec
-        ]
-        if not stored:
-            return []
-        trial = self.store.measurements(self.search.study_name, kind="trial")
-        own = [m for m in trial if m.trial_number == job.number]
-        if not own:
-            return []
-        machine = (own[-1].device_name, own[-1].torch_version)
-        return [m.to_result() for m in stored if (m.device_name, m.torch_version) == machine]
 
     def pin(self) -> dict[str, Any]:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""
