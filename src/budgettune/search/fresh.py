@@ -128,19 +128,27 @@ def launcher(timeout_s: float) -> Launch:
     return launch
 
 
-def stored_runs(store: Storage, study_name: str, job: FreshJob) -> list[TrialResult]:
-    """The ``reverify`` runs of ``job`` the study already holds that count for it (a search cut
+def stored_runs(
+    store: Storage, study_name: str, jobs: Sequence[FreshJob]
+) -> list[list[TrialResult]]:
+    """Per job, the ``reverify`` runs the study already holds that count for it (a search cut
     off while re-verifying, resumed): same trial, same configuration, and measured on the GPU
-    model and torch version of the trial's own measurement (when it has none, nothing counts)."""
-    stored = [
-        m
-        for m in store.measurements(study_name, kind="reverify")
-        if m.trial_number == job.number and m.spec == job.spec
+    model and torch version of the trial's own measurement (when it has none, nothing counts).
+    The study's measurements are read once for the whole batch."""
+    reverified = store.measurements(study_name, kind="reverify")
+    if not reverified:
+        return [[] for _ in jobs]
+    machine = {
+        m.trial_number: (m.device_name, m.torch_version)  # the last measurement of each trial
+        for m in store.measurements(study_name, kind="trial")
+    }
+    return [
+        [
+            m.to_result()
+            for m in reverified
+            if m.trial_number == job.number
+            and m.spec == job.spec
+            and (m.device_name, m.torch_version) == machine.get(job.number)
+        ]
+        for job in jobs
     ]
-    if not stored:
-        return []
-    own = [m for m in store.measurements(study_name, kind="trial") if m.trial_number == job.number]
-    if not own:
-        return []
-    machine = (own[-1].device_name, own[-1].torch_version)
-    return [m.to_result() for m in stored if (m.device_name, m.torch_version) == machine]

@@ -359,7 +359,7 @@ class Searcher:
         Runs this study already stored for the same trial and configuration on the same GPU
         model and torch version (a search cut off while re-verifying, resumed) count: only the
         missing ones are measured."""
-        kept = [stored_runs(self.store, self.search.study_name, job) for job in jobs]
+        kept = stored_runs(self.store, self.search.study_name, jobs)
         wanted = self.search.reverify_runs
         reference = self.reference()
 
