@@ -128,7 +128,8 @@ TUNER_COLUMNS = (
 )
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
+    """A fraction as a signed percentage, '-' for None."""
     return "-" if value is None else f"{value * 100:+.1f}%"
 
 
@@ -136,11 +137,11 @@ def versus(r: dict[str, Any]) -> str:
     """The tuner row's "vs baseline" cell: against the search's own re-measured baseline (when
     the pin has it) and against the grid's."""
     base = r["baseline"]
-    grid = _pct(r["vs_baseline"]) + ("" if base is None else f" vs {base['label']}")
+    grid = pct(r["vs_baseline"]) + ("" if base is None else f" vs {base['label']}")
     if r.get("vs_study_baseline") is None:
         return grid
     runs = r.get("study_baseline_runs")
-    return f"{_pct(r['vs_study_baseline'])} ({runs} runs in the study); grid: {grid}"
+    return f"{pct(r['vs_study_baseline'])} ({runs} runs in the study); grid: {grid}"
 
 
 def tuner_table(records: list[dict[str, Any]]) -> str:
@@ -187,7 +188,7 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
             versus(r),
             target,
             grid_cell,
-            _pct(r["vs_grid_best"]),
+            pct(r["vs_grid_best"]),
             reached,
             wall,
             str(r["trials"]),
