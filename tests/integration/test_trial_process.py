@@ -34,7 +34,43 @@ def test_tiny_gpt_trial_is_ok_and_measured(tmp_path: Path) -> None:
     assert result.workload_fingerprint["param_count"] > 0
     written = json.loads((tmp_path / "trial" / "RESULT.json").read_text())
     assert written["outcome"] == "ok"
-    assert Path(result.log_path).read_text().strip()
+    # the log says where the wall time went, the launcher's start and end included
+    log = Path(result.log_path).read_text()
+    stages = [
+        "launcher: starting",
+        "torch imported in",
+        "workload built in",
+        "step prepared in",
+        "measured in",
+        "outcome ok",
+        "the child ended (0) after",
+    ]
+    positions = [log.find(stage) for stage in stages]
+    assert -1 not in positions and positions == sorted(positions), log
+
+
+def test_helper_processes_the_trial_left_behind_are_ended(tmp_path: Path) -> None:
+    """The child leaves without the interpreter's teardown (`os._exit`, seconds per run on a
+    GPU host); whatever it started in its session goes with it."""
+    marker = f"budgettune-helper-{tmp_path.name}"
+    run = TrialRun(
+        spec=FAST,
+        workload=f"{FIXTURES}:leaves_a_helper",
+        workload_options={"marker": marker},
+        device="cpu",
+        cache_root=None,
+    )
+    result = launch_trial(run, run_dir=tmp_path / "trial", timeout_s=120)
+    assert result.outcome is TrialOutcome.OK, result.error
+    deadline = time.monotonic() + 10
+    while True:
+        survivors = subprocess.run(
+            ["pgrep", "-f", marker], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if not survivors or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert survivors == []
 
 
 def test_build_that_raises_is_crashed_with_one_line_and_traceback_in_log(tmp_path: Path) -> None:

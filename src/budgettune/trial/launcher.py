@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import fcntl
 import json
 import logging
@@ -22,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from budgettune.errors import DeviceUnavailableError, SpecError
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
@@ -211,6 +213,7 @@ def launch_trial(
     logger.info("trial %s: %s", folder.name, " ".join(command))
     on_cpu = child_device == "cpu"
     with cpu_trial_lock() if on_cpu else contextlib.nullcontext(), open(log_path, "ab") as log:
+        _log_line(log, f"starting {' '.join(command)}")
         started = time.monotonic()
         process = subprocess.Popen(
             command,
@@ -230,6 +233,9 @@ def launch_trial(
             _kill_tree(process)
             raise
         wall_s = time.monotonic() - started
+        _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
+        if returncode is not None:  # its compile workers, when it left without stopping them
+            _kill_tree(process)
 
     common = {"log_path": str(log_path), "wall_s": wall_s}
     if returncode is None:
@@ -253,6 +259,15 @@ def launch_trial(
             error=death_message(returncode, who="trial process"),
             **common,  # type: ignore[arg-type]
         )
+
+
+def _log_line(log: IO[bytes], text: str) -> None:
+    """A timestamped line of the launcher's own in the trial log (the child's lines carry the
+    same clock): with them the log shows where a run's wall time went, start-up and exit
+    included."""
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    log.write(f"{stamp} INFO budgettune.trial.launcher: {text}\n".encode())
+    log.flush()
 
 
 CPU_LOCK_ENV = "BUDGETTUNE_CPU_LOCK"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import sys
 import time
@@ -44,8 +45,10 @@ def run_trial(run: TrialRun) -> TrialResult:
     Returns:
         A `TrialResult` with outcome ``ok``, ``oom`` (caught by type) or ``crashed``.
     """
+    started = time.perf_counter()
     import torch
 
+    logger.info("torch imported in %.1f s", time.perf_counter() - started)
     info = {
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
@@ -81,6 +84,23 @@ def _run_rank(run: TrialRun, info: dict[str, str]) -> TrialResult:
         )
 
 
+def _log_compile_caches() -> None:
+    """One line of the compile caches' hits, misses and bypasses (why a fresh run of a
+    configuration measured before still compiled for long)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return
+    seen = {
+        f"{group}.{key}": value
+        for group in ("aot_autograd", "inductor")
+        for key, value in sorted(counters[group].items())
+        if "cache" in key and value
+    }
+    if seen:
+        logger.info("compile caches: %s", ", ".join(f"{k}={v}" for k, v in seen.items()))
+
+
 def _is_collective_error(exc: BaseException) -> bool:
     from budgettune.trial.distributed import collective_errors
 
@@ -109,9 +129,12 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> Tri
         elif device.type == "cpu":
             info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
         torch.manual_seed(run.spec.seed)
+        stage = time.perf_counter()
         try:
             workload = load_workload(run.workload, device, run.workload_options)
             workload_fingerprint = fingerprint(workload).to_json_dict()
+            logger.info("workload built in %.1f s", time.perf_counter() - stage)
+            stage = time.perf_counter()
         except torch.cuda.OutOfMemoryError:
             raise  # a model too large for the device is an OOM, not a broken workload
         except Exception as exc:  # noqa: BLE001 - whatever the user's import or build raised
@@ -129,7 +152,15 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> Tri
             from budgettune.trial.distributed import prepare_sharded
 
             step = prepare_sharded(workload, run.spec, device, mesh)
+        logger.info("step prepared in %.1f s", time.perf_counter() - stage)
+        stage = time.perf_counter()
         measurement: Measurement = measure.measure(step, run.spec)
+        logger.info(
+            "measured in %.1f s (first step, compile included: %.1f s)",
+            time.perf_counter() - stage,
+            measurement.compile_s,
+        )
+        _log_compile_caches()
     except torch.cuda.OutOfMemoryError as exc:
         logger.error("out of memory", exc_info=exc)
         return TrialResult(outcome=TrialOutcome.OOM, error=_one_line(exc)[:500], **info)  # type: ignore[arg-type]
@@ -184,4 +215,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # RESULT.json is written: skip the interpreter's teardown (torch's compile-worker pool and
+    # CUDA shutting down took 3-10 s of every run's wall time on an H200 host, 2026-11-25);
+    # the launcher ends what is left of the child's session.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
