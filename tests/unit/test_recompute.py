@@ -333,4 +333,10 @@ def test_environment_with_cache_root(tmp_path) -> None:
     assert "TORCHINDUCTOR_FX_GRAPH_CACHE" not in os.environ
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == run.cache_dir()
     assert run.cache_dir().endswith(spec.partition_variant())
-    assert os.environ["TRITON_CACHE_DIR"].startswith(run.cache_dir())
+    # Triton's cache is keyed by kernel source and target: one for every variant of the root
+    assert os.environ["TRITON_CACHE_DIR"] == os.path.join(str(tmp_path), "triton")
+    greedy = TrialSpec(knapsack_solver="greedy")
+    other = TrialRun(spec=greedy, workload="builtin:tiny-gpt", cache_root=str(tmp_path))
+    recompute.prepare_process_environment(other)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] != run.cache_dir()
+    assert os.environ["TRITON_CACHE_DIR"] == os.path.join(str(tmp_path), "triton")
