@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from budgettune.pinning import Candidate, allocator_advice, fits_limit, margin_violation_bytes
-from budgettune.search.pin import MAX_CANDIDATES, reverify_until_one_fits
+from budgettune.search.pin import MAX_CANDIDATES, margin_advice, reverify_until_one_fits
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -104,6 +104,15 @@ def test_fits_is_peak_times_one_plus_margin_within_the_limit() -> None:
     assert margin_violation_bytes(50, limit_bytes=100, margin=0.1) < 0
 
 
+def test_exit_3_says_when_only_the_margin_keeps_the_smallest_peak_out() -> None:
+    # seen on an H200: limit 1.02 x full AC's peak, searched with the 2 % margin
+    search = _Search(max_mem_bytes=100, margin=0.03)
+    assert "only the 3% margin keeps it out" in margin_advice(98, search)  # type: ignore[arg-type]
+    assert "--margin" in margin_advice(100, search)  # type: ignore[arg-type]
+    assert margin_advice(101, search) == ""  # type: ignore[arg-type]  # over the limit itself
+    assert margin_advice(90, _Search(margin=0.0)) == ""  # type: ignore[arg-type]
+
+
 def test_allocator_advice_only_for_a_large_reserve_on_the_binding_metric() -> None:
     gap = dict(peak_allocated_bytes=75_300_000_000, peak_reserved_bytes=107_800_000_000)
     advice = allocator_advice(mem_metric="device", alloc_conf="", **gap)
@@ -113,3 +122,35 @@ def test_allocator_advice_only_for_a_large_reserve_on_the_binding_metric() -> No
     assert allocator_advice(mem_metric="reserved", alloc_conf=expandable, **gap) == ""
     small = dict(peak_allocated_bytes=100, peak_reserved_bytes=110)
     assert allocator_advice(mem_metric="device", alloc_conf="", **small) == ""
+
+
+def test_exit_3_line_names_the_margin_only_for_an_ok_trial_under_the_limit() -> None:
+    import optuna
+
+    from budgettune.search.pin import no_feasible_error
+
+    def trial(peak: int, outcome: str) -> optuna.trial.FrozenTrial:
+        attrs = {"peak_device_bytes": peak, "outcome": outcome, "spec": TrialSpec().to_json_dict()}
+        return optuna.trial.create_trial(value=1.0, user_attrs=attrs)
+
+    @dataclass
+    class _Study:
+        trials: list[optuna.trial.FrozenTrial]
+
+        def get_trials(self, deepcopy: bool = False) -> list[optuna.trial.FrozenTrial]:
+            return self.trials
+
+    @dataclass
+    class _WithStudy:
+        study: _Study
+        search: _Search = field(default_factory=_Search)
+        runs_dir: str = "runs"
+
+    ok_in_margin = _WithStudy(_Study([trial(99, "ok"), trial(120, "ok")]))
+    assert "lower --margin" in str(no_feasible_error(ok_in_margin))  # type: ignore[arg-type]
+    assert "lower --margin" not in str(
+        no_feasible_error(ok_in_margin, after_reverify=True)  # type: ignore[arg-type]
+    )
+    wrong_numerics = _WithStudy(_Study([trial(99, "numerics_mismatch"), trial(120, "ok")]))
+    line = str(no_feasible_error(wrong_numerics))  # type: ignore[arg-type]
+    assert "smallest peak seen is" in line and "lower --margin" not in line

@@ -26,6 +26,7 @@ from budgettune.storage.trials import (
     baseline_status,
     baseline_trial,
     feasible_candidates,
+    metric_peak,
     smallest_peak,
 )
 from budgettune.trial.results import TrialResult
@@ -34,6 +35,7 @@ from budgettune.units import format_bytes
 
 if TYPE_CHECKING:
     from budgettune.search.searcher import Searcher
+    from budgettune.search.spec import SearchSpec
 
 MAX_CANDIDATES = 8
 """At most this many feasible configurations are re-measured (or ``--top-k``, if larger)
@@ -200,7 +202,8 @@ def no_feasible_error(
 ) -> NoFeasibleConfigError:
     """Exit 3's one line: the smallest peak seen and the configuration that gave it."""
     search = searcher.search
-    smallest = smallest_peak(searcher.study.get_trials(deepcopy=False), search.mem_metric)
+    trials = searcher.study.get_trials(deepcopy=False)
+    smallest = smallest_peak(trials, search.mem_metric)
     limit = format_bytes(search.max_mem_bytes)
     if smallest is None:
         return NoFeasibleConfigError(
@@ -209,11 +212,30 @@ def no_feasible_error(
         )
     peak, spec, phase = smallest
     what = "re-verified" if after_reverify else "measured"
-    advice = phase_advice(phase)
+    ok_peaks = [
+        metric_peak(t.user_attrs, search.mem_metric)
+        for t in trials
+        if t.user_attrs.get("outcome") == "ok"
+        and f"peak_{search.mem_metric}_bytes" in t.user_attrs
+    ]  # a trial with wrong numerics does not count whatever the margin
+    hint = margin_advice(min(ok_peaks), search) if ok_peaks and not after_reverify else ""
+    advice = [a for a in (phase_advice(phase), hint) if a]
     return NoFeasibleConfigError(
         f"no {what} configuration fits under {limit} ({search.mem_metric}) with the "
         f"{search.margin:.0%} margin; the smallest peak seen is {format_bytes(peak)} from "
         f"{spec.describe()}"
-        + (f"; {advice}" if advice else "")
+        + "".join(f"; {a}" for a in advice)
         + "; raise --max-mem or run more --trials"
+    )
+
+
+def margin_advice(peak_bytes: int, search: SearchSpec) -> str:
+    """Said when the smallest peak is under the limit itself and only the margin keeps it out
+    (a limit defined as 1.02 x a measured peak, searched with the default 2 % margin)."""
+    if search.margin <= 0 or peak_bytes > search.max_mem_bytes:
+        return ""
+    return (
+        f"a configuration measured at {format_bytes(peak_bytes)} is under the limit itself, "
+        f"only the {search.margin:.0%} margin keeps it out: a lower --margin lets it count "
+        "(the pin's worst fresh run must still fit the limit)"
     )
