@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Where a trial's wall time goes, on the device (with .whl carried):
+#
+#   bash benchmarks/fresh_run_cost.sh OUT_DIR
+#
+# Python start-up and torch's imports (with and without a writable bytecode cache), then
+# `budgettune trial` of the built-in Llama: budget 1.0 twice (cold, then warm compile caches),
+# a greedy-solver budget 0.86 (another cache variant: shares only Triton's kernels) and full
+# block AC (with the compile caches' log lines, which say why its FX-graph cache is bypassed).
+# Each trial log carries timestamped stages: launch, torch imported, workload built, step
+# prepared, measured (compile included), the child's end.
+set -uo pipefail
+out=$1
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > /dev/null 2>&1 || exit 1
+export PYTHONPATH=/tmp/site
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    date -u +%FT%TZ
+    python3 -c "import torch; print(torch.__version__)"
+    site=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")
+    echo "torch at $site; writable: $([ -w "$site" ] && echo yes || echo no);" \
+        ".pyc files under torch/_inductor: $(find "$site/_inductor" -name '*.pyc' | wc -l)"
+    for prefix in "" /tmp/bt-pycache /tmp/bt-pycache; do
+        start=$(date +%s%N)
+        PYTHONPYCACHEPREFIX=$prefix python3 -c "import torch._dynamo, torch._inductor.compile_fx"
+        echo "import torch._dynamo + inductor, PYTHONPYCACHEPREFIX='$prefix':" \
+            "$(( ($(date +%s%N) - start) / 1000000 )) ms"
+    done
+} > "$out/startup.txt" 2>&1
+cat "$out/startup.txt"
+llama="--workload builtin:llama --device cuda --timed-steps 8"
+run() {  # name, then trial flags
+    local name=$1
+    shift
+    python3 -m budgettune.cli trial $llama "$@" --run-dir "/tmp/bt-cost/$name" \
+        > "$out/$name.out" 2>&1
+    cp "/tmp/bt-cost/$name/trial.log" "$out/$name.log"
+    grep -h "INFO budgettune" "$out/$name.log" | cut -c12-23,60-200 | grep -v measuring
+}
+rm -rf budgettune-runs/compile-cache /tmp/bt-cost  # `trial` caches there: start cold
+run budget-1.0-cold
+run budget-1.0-warm
+run greedy-0.86 --budget 0.86 --solver greedy --optimizer-impl fused \
+    --alloc-conf expandable_segments:True
+TORCH_LOGS="+torch._inductor.codecache,+torch._functorch._aot_autograd.autograd_cache" \
+    run full-ac --ac-every 1 --optimizer-impl fused
+grep -h "Bypass\|bypass" "$out/full-ac.log" | sort | uniq -c | cut -c1-300 | head -5
