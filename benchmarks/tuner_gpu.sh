@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Issue 10's tuner searches on one GPU host, longer than one 10-minute device command.
 #
-#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ...     (on the device, with .whl carried)
+#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [W]    (on the device, with .whl carried)
+#
+# W is the wall-time figure: `budgettune search studies/llama-1b.toml` as written (its limit,
+# top-k and re-verification count), 20 trials, study wall-1gpu-<start>, pin tuner-W-pin.json;
+# a driver on a new machine starts W afresh (its figure is one uninterrupted search).
 #
 # The first call starts one detached driver that runs `python -m benchmarks.tuner run L` for each
 # limit in turn (20 trials, 5 re-measurements, its own study in one SQLite file), on every GPU the
@@ -28,14 +32,18 @@ if [ ! -f "$state/installed" ]; then
         --target /tmp/site .whl/*.whl || exit 1
     touch "$state/installed"
 fi
-export PYTHONPATH=/tmp/site
+# The device hosts set PYTHONDONTWRITEBYTECODE=1 and torch's install holds no .pyc files
+# (fresh_run_cost.sh): every trial process compiled torch's Python anew (~11 s of imports).
+# A normal install has its bytecode; give the processes here a bytecode cache in /tmp.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 
 running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 
 if ! running; then
     if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
         cp "$kept/tuner.db" "$state/tuner.db"
-        cp "$kept"/tuner-L*-pin.json "$kept"/tuner-records.jsonl "$state/" 2>/dev/null
+        cp "$kept"/tuner-*-pin.json "$kept"/tuner-records.jsonl "$state/" 2>/dev/null
         echo "resuming from $kept/tuner.db" | tee -a "$state/driver.log"
     fi
     [ -f "$state/device.txt" ] || {
@@ -44,18 +52,23 @@ if ! running; then
         python3 -c "import torch; print(torch.__version__)"
     } > "$state/device.txt" 2>&1
     gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+    # W's figure is one uninterrupted search: a driver on a new machine starts a new study
+    wall_study=wall-1gpu-$(date -u +%Y%m%dT%H%M)
     cat > "$state/driver.sh" <<EOF
 #!/usr/bin/env bash
 # one limit after another; a limit with its pin is done
 cd "$PWD"
-export PYTHONPATH=/tmp/site
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 for limit in $*; do
     [ -f "$state/tuner-\$limit-pin.json" ] && continue
-    done_n=\$(python3 - "\$limit" <<'PY'
+    study=\$(python3 -c "import sys; from benchmarks.tuner import study_name; print(study_name(sys.argv[1]))" "\$limit")
+    [ "\$limit" = W ] && study=$wall_study
+    done_n=\$(python3 - "\$study" <<'PY'
 import sys, optuna
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 try:
-    study = optuna.load_study(study_name=f"tuner-{sys.argv[1]}", storage="sqlite:///$state/tuner.db")
+    study = optuna.load_study(study_name=sys.argv[1], storage="sqlite:///$state/tuner.db")
 except Exception:
     print(0)
 else:
@@ -63,17 +76,23 @@ else:
 PY
 )
     left=\$((20 - done_n)); [ "\$left" -ge 1 ] || left=1
-    echo "== \$limit: \$done_n trials done, \$left to run, GPUs $gpus, \$(date -u +%FT%TZ)"
-    python3 -m benchmarks.tuner run "\$limit" \\
-        --grid $(ls $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \
-            $results/llama-b64-h200.jsonl 2>/dev/null | paste -sd' ' -) \\
-        --storage "sqlite:///$state/tuner.db" --pins "$state" --out "$state/tuner-records.jsonl" \\
-        --trials "\$left" --reverify 5 --gpus "$gpus"
+    echo "== \$limit (\$study): \$done_n trials done, \$left to run, GPUs $gpus, \$(date -u +%FT%TZ)"
+    if [ "\$limit" = W ]; then  # the wall-time figure: studies/llama-1b.toml as written
+        python3 -m budgettune.cli search studies/llama-1b.toml --trials "\$left" \\
+            --storage "sqlite:///$state/tuner.db" --study "\$study" \\
+            --output "$state/tuner-W-pin.json" --gpus "$gpus"
+    else
+        python3 -m benchmarks.tuner run "\$limit" \\
+            --grid $(ls $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \
+                $results/llama-b64-h200.jsonl 2>/dev/null | paste -sd' ' -) \\
+            --storage "sqlite:///$state/tuner.db" --pins "$state" \\
+            --out "$state/tuner-records.jsonl" --trials "\$left" --reverify 5 --gpus "$gpus"
+    fi
     echo "== \$limit: exit \$? \$(date -u +%FT%TZ)"
 done
 echo "== driver done"
 EOF
-    if grep -q "driver done" "$state/driver.log" 2>/dev/null && [ "$(ls "$state"/tuner-L*-pin.json 2>/dev/null | wc -l)" -ge $# ]; then
+    if grep -q "driver done" "$state/driver.log" 2>/dev/null && [ "$(ls "$state"/tuner-*-pin.json 2>/dev/null | wc -l)" -ge $# ]; then
         echo "all pinned"
     else
         setsid nohup bash "$state/driver.sh" >> "$state/driver.log" 2>&1 < /dev/null &
@@ -94,8 +113,8 @@ src.backup(dst)
 dst.execute("PRAGMA journal_mode = DELETE")
 dst.close()
 PY
-cat "$state/device.txt" budgettune-runs/tuner-L*/workers/*.log > "$OUT/workers.log" 2>/dev/null
+cat "$state/device.txt" budgettune-runs/*/workers/*.log > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null
-cp "$state"/tuner-L*-pin.json "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
+cp "$state"/tuner-*-pin.json "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
 tail -n 15 "$state/driver.log"
 tail -n 25 "$OUT/workers.log" 2>/dev/null
