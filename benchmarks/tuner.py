@@ -1,4 +1,4 @@
-"""The tuner against the grid: issue 10's limits L1-L5, their searches, one record per limit.
+"""The tuner against the grid: issue 10's limits L1-L5 and V (ViT), their searches, their records.
 
     python -m benchmarks.tuner limits benchmarks/results/llama-grid-h200.jsonl ...
         # L1-L5 from the grid's measured peaks (those the grid holds)
@@ -44,6 +44,8 @@ WITHIN = 0.02
 BASELINE_LABEL = {4: "budget-1.0", 8: "b8-budget-1.0", 64: "b64-ac-every-1"}
 """The grid baseline a batch size's targets are stated against by default: the user's
 unconstrained compile, or full block AC at B=64, where that does not fit."""
+DEFAULT_BATCH = {"builtin:llama": 4, "builtin:vit": 64}
+"""Each built-in's own batch size: a grid record without a ``batch_size`` option ran at it."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,11 @@ class Limit:
     why: str
     baseline: str
     """Grid label of the baseline its target is stated against."""
-    max_slowdown: float
+    max_slowdown: float | None
     """The target: the pin's step time at most this much above the baseline's (-0.10: 10 %
-    faster)."""
+    faster); None: no slowdown target (the pin is judged against the grid best only)."""
+    workload: str = "builtin:llama"
+    """The workload searched (``--workload`` when not the study file's Llama)."""
 
     @property
     def margin(self) -> float:
@@ -132,6 +136,14 @@ def limits(records: Sequence[dict[str, Any]]) -> dict[str, Limit]:
             "L4", f05, 4, "fused", "device peak of fused AdamW at budget 0.5, optimizer fixed",
             "fused-budget-1.0", 0.02,
         )  # fmt: skip
+    vit_ac, vit_b1 = _device_gb(records, "vit-ac-every-1"), _device_gb(records, "vit-budget-1.0")
+    if vit_ac is not None and vit_b1 is not None:
+        # "builtin:vit at one limit between its full-AC and budget-1.0 peaks": the middle
+        out["V"] = Limit(
+            "V", (vit_ac + vit_b1) / 2, 64, None,
+            "ViT-B/16 B=64: midway between full AC's and budget 1.0's device peaks",
+            "vit-budget-1.0", None, workload="builtin:vit",
+        )  # fmt: skip
     if _measured(records, "b64-ac-every-1") is not None:
         # Fixed by the issue, not by a grid point; listed once the baseline is measured.
         out["L5"] = Limit(
@@ -146,18 +158,21 @@ def grid_best(
     limit_bytes: float,
     *,
     metric: str = "device",
-    batch: int = 4,
+    batch: int | None = None,
     optimizer: str | None = None,
     workload: str = "builtin:llama",
 ) -> dict[str, Any] | None:
     """The fastest measured grid configuration at or under the limit (same workload, batch and
-    optimizer; a record that names no workload counts as ``workload``)."""
+    optimizer; a record that names no workload counts as ``workload``, one without a
+    ``batch_size`` option ran at the workload's own, `DEFAULT_BATCH`; ``batch`` None: that)."""
+    default_batch = DEFAULT_BATCH.get(workload, 4)
+    batch = default_batch if batch is None else batch
     best = None
     for record in records:
         m = record["result"].get("measurement")
-        if not m or record["options"].get("batch_size", 4) != batch:
+        if not m or record.get("workload", workload) != workload:
             continue
-        if record.get("workload", workload) != workload:
+        if record["options"].get("batch_size", default_batch) != batch:
             continue
         if optimizer is not None and record["spec"].get("optimizer_impl") != optimizer:
             continue
@@ -183,7 +198,11 @@ def limits_table(records: Sequence[dict[str, Any]]) -> str:
     for limit in known.values():
         base = _measured(records, limit.baseline)
         best = grid_best(
-            records, limit.gb * 1e9, batch=limit.batch, optimizer=limit.fixed_optimizer
+            records,
+            limit.gb * 1e9,
+            batch=limit.batch,
+            optimizer=limit.fixed_optimizer,
+            workload=limit.workload,
         )
         base_ms = base["result"]["measurement"]["step_time_ms"] if base else None
         if best is None:
@@ -194,13 +213,21 @@ def limits_table(records: Sequence[dict[str, Any]]) -> str:
             best_cell += f"{m['step_time_ms']:.1f} ms)"
             ratio = None if base_ms is None else m["step_time_ms"] / base_ms - 1
             versus = pct(ratio)
-            meets = "-" if ratio is None else ("yes" if ratio <= limit.max_slowdown else "no")
+            meets = (
+                "-"
+                if ratio is None or limit.max_slowdown is None
+                else ("yes" if ratio <= limit.max_slowdown else "no")
+            )
         base_cell = "not measured" if base_ms is None else f"{limit.baseline} ({base_ms:.1f} ms)"
         out.append(
             f"| {limit.name} | {limit.why} | {limit.gb:.3f} | {base_cell} | {best_cell} "
-            f"| {versus} | <= {limit.max_slowdown * 100:+.0f}% | {meets} |"
+            f"| {versus} | {_target(limit.max_slowdown)} | {meets} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _target(max_slowdown: float | None) -> str:
+    return "-" if max_slowdown is None else f"<= {max_slowdown * 100:+.0f}%"
 
 
 def first_within(
@@ -234,6 +261,7 @@ def record(
     optimizer: str | None = None,
     baseline_label: str | None = None,
     max_slowdown: float | None = None,
+    workload: str = "builtin:llama",
 ) -> dict[str, Any]:
     """The per-limit record of a finished search (see the module docstring).
 
@@ -245,7 +273,9 @@ def record(
     limit = float(pin["limit_bytes"])
     metric = pin["mem_metric"]
     measured = pin["measured"]
-    best = grid_best(grid, limit, metric=metric, batch=batch, optimizer=optimizer)
+    best = grid_best(
+        grid, limit, metric=metric, batch=batch, optimizer=optimizer, workload=workload
+    )
     baseline = _measured(grid, baseline_label) if baseline_label else None
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     created = datetime.datetime.fromisoformat(pin["created_at"])
@@ -280,6 +310,7 @@ def record(
         "name": name,
         "limit_bytes": limit,
         "mem_metric": metric,
+        "workload": workload,
         "batch_size": batch,
         "fixed_optimizer": optimizer,
         "study": pin["study_name"],
@@ -327,7 +358,9 @@ def search_command(
         "--storage", storage, "--trials", str(trials), "--top-k", "3",
         "--reverify", str(reverify), "--output", str(pin),
     ]  # fmt: skip
-    if limit.batch != 4:
+    if limit.workload != "builtin:llama":
+        command += ["--workload", limit.workload]
+    if limit.batch != DEFAULT_BATCH.get(limit.workload, 4):
         command += ["-o", f"batch_size={limit.batch}"]
     if limit.fixed_optimizer:
         command += ["--fix", f"optimizer_impl={limit.fixed_optimizer}"]
@@ -344,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_limits = sub.add_parser("limits", help="print L1-L5 from the grid")
     p_limits.add_argument("grid", nargs="+", type=Path)
     p_run = sub.add_parser("run", help="search at one limit, then append its record")
-    p_run.add_argument("limit", choices=["L1", "L2", "L3", "L4", "L5"])
+    p_run.add_argument("limit", choices=["L1", "L2", "L3", "L4", "L5", "V"])
     p_run.add_argument("--grid", nargs="+", type=Path, required=True)
     p_run.add_argument("--storage", required=True)
     p_run.add_argument("--out", type=Path, required=True)
@@ -358,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_rec.add_argument("--name", help="the record's name (default: --limit's)")
     p_rec.add_argument(
         "--limit",
-        choices=["L1", "L2", "L3", "L4", "L5"],
+        choices=["L1", "L2", "L3", "L4", "L5", "V"],
         help="take batch, optimizer, baseline and target from this limit",
     )
     p_rec.add_argument("--grid", nargs="+", type=Path, required=True)
@@ -370,8 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "limits":
         for limit in limits(read_records(args.grid)).values():
             print(
-                f"{limit.name} {limit.gb:.3f} GB  B={limit.batch}  {limit.why}; target: "
-                f"{limit.max_slowdown * 100:+.0f}% at most vs {limit.baseline}"
+                f"{limit.name} {limit.gb:.3f} GB  {limit.workload} B={limit.batch}  "
+                f"{limit.why}; target: {_target(limit.max_slowdown)} vs {limit.baseline}"
             )
         return 0
     if args.what == "run":
@@ -395,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = record(
             name=limit.name, trials=trials, pin=json.loads(pin.read_text()), grid=grid,
             batch=limit.batch, optimizer=limit.fixed_optimizer, baseline_label=limit.baseline,
-            max_slowdown=limit.max_slowdown,
+            max_slowdown=limit.max_slowdown, workload=limit.workload,
         )  # fmt: skip
         _append(args.out, row)
         print(json.dumps(row, indent=1))
@@ -412,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = record(
             name=args.name or limit.name, trials=trials, pin=pin, grid=grid, batch=limit.batch,
             optimizer=limit.fixed_optimizer, baseline_label=limit.baseline,
-            max_slowdown=limit.max_slowdown,
+            max_slowdown=limit.max_slowdown, workload=limit.workload,
         )  # fmt: skip
     elif not args.name:
         raise SystemExit("record: give --name or --limit")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 10's tuner searches on one GPU host, longer than one 10-minute device command.
 #
-#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [W]    (on the device, with .whl carried)
+#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [W]    (on the device, .whl carried)
 #
 # W is the wall-time figure: `budgettune search studies/llama-1b.toml` as written (its limit,
 # top-k and re-verification count), 20 trials, study wall-1gpu-<start>, pin tuner-W-pin.json;
@@ -84,7 +84,7 @@ PY
     else
         python3 -m benchmarks.tuner run "\$limit" \\
             --grid $(ls $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \
-                $results/llama-b64-h200.jsonl 2>/dev/null | paste -sd' ' -) \\
+                $results/llama-b64-h200.jsonl $results/vit-grid-h200.jsonl 2>/dev/null | paste -sd' ' -) \\
             --storage "sqlite:///$state/tuner.db" --pins "$state" \\
             --out "$state/tuner-records.jsonl" --trials "\$left" --reverify 5 --gpus "$gpus"
     fi

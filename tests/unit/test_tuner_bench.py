@@ -192,8 +192,9 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
     )
     assert "--fix optimizer_impl=fused" in l4 and "batch_size" not in l4
     l1 = " ".join(
-        tuner.search_command(known["L1"], storage="s.db", pin=Path("p.json"), trials=20,
-                             reverify=5)  # fmt: skip
+        tuner.search_command(
+            known["L1"], storage="s.db", pin=Path("p.json"), trials=20, reverify=5
+        )  # fmt: skip
     )
     assert "--study tuner-L1 --margin 0.02 " in l1
 
@@ -210,3 +211,29 @@ def test_limits_table_says_whether_the_grid_meets_each_target() -> None:
     grid = [*GRID, _grid("fused-budget-0.6", 15.20, 67.0, optimizer_impl="fused")]
     assert _tuner().limits_table(grid).splitlines()[7].endswith("| +1.5% | <= +2% | yes |")
     assert _tuner().limits_table(GRID[:1]) == ""
+
+
+VIT = [
+    {**_grid("vit-budget-1.0", 5.66, 20.5), "workload": "builtin:vit"},
+    {**_grid("vit-budget-0.7", 4.79, 21.3), "workload": "builtin:vit"},
+    {**_grid("vit-op-sac", 2.73, 26.3), "workload": "builtin:vit"},
+    {**_grid("vit-ac-every-1", 2.39, 27.4), "workload": "builtin:vit"},
+]
+
+
+def test_the_vit_limit_lies_midway_and_is_searched_on_vit_at_its_own_batch() -> None:
+    tuner = _tuner()
+    v = tuner.limits(GRID + VIT)["V"]
+    assert v.gb == pytest.approx((2.39 + 5.66) / 2) and v.max_slowdown is None
+    assert "V" not in tuner.limits(GRID)  # no ViT points, no ViT limit
+    # its grid best is a ViT point, never a Llama one under the same GB
+    best = tuner.grid_best(GRID + VIT, v.gb * 1e9, batch=v.batch, workload=v.workload)
+    assert best["label"] == "vit-op-sac"
+    joined = " ".join(
+        tuner.search_command(v, storage="s.db", pin=Path("p.json"), trials=20, reverify=5)
+    )
+    assert "--workload builtin:vit" in joined and "batch_size" not in joined  # 64, its own
+    assert "--study tuner-V-m0 --margin 0 " in joined
+    table = tuner.limits_table(GRID + VIT)
+    row = next(line for line in table.splitlines() if line.startswith("| V |"))
+    assert "vit-op-sac (2.73 GB, 26.3 ms) | +28.3% | - | - |" in row
