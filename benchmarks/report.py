@@ -198,6 +198,39 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def wall_table(records: list[dict[str, Any]]) -> str:
+    """The search wall-time records (``benchmarks/tuner.py wall``) as one markdown table."""
+    if not records:
+        return ""
+    out = [
+        "**Search wall time** (issue 10: 20 trials and re-verification of "
+        "`studies/llama-1b.toml`; targets <= 20 min on 1 GPU, <= 6 min on 4)\n",
+        "| search | device | GPUs | trials | trials' wall | fresh runs | re-verification wall "
+        "| total | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        target = (
+            "-"
+            if r["target_s"] is None
+            else f"<= {r['target_s'] / 60:.0f} min: {'met' if r['target_met'] else 'missed'}"
+        )
+        cells = [
+            f"{r['name']} ({r['date'][:10]})",
+            f"{r['device']}, torch {r['torch_version']}",
+            str(r["gpus"]),
+            str(r["trials"]),
+            f"{r['trials_wall_s']:.0f} s",
+            str(r["fresh_runs"]),
+            f"{r['reverify_wall_s']:.0f} s",
+            f"{r['total_wall_s']:.0f} s ({r['total_wall_s'] / 60:.1f} min)",
+            target,
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return "\n".join(out)
+
+
 def family_of(spec: dict[str, Any]) -> str:
     """The hand-picked family a configuration belongs to, read from its spec."""
     if spec.get("compile_mode") == "eager":
@@ -425,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give the results files (only --readme has a default)")
         args.files = list(README_FILES)
     everything = read_records(args.files)
-    records = [r for r in everything if r.get("kind") != "tuner"]
+    records = [r for r in everything if r.get("kind") not in ("tuner", "wall")]
     tuned = [r for r in everything if r.get("kind") == "tuner"]
+    walls = [r for r in everything if r.get("kind") == "wall"]
     if args.figure:
         limits = {name: _gb(gb) for name, gb in _named(args.limit, "--limit")}
         pins = {label: json.loads(Path(p).read_text()) for label, p in _named(args.pin, "--pin")}
@@ -436,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.tuner import limits_table  # tuner imports this module
 
     body = "\n".join(
-        part for part in (limits_table(records), tuner_table(tuned), table(records)) if part
+        part
+        for part in (limits_table(records), tuner_table(tuned), wall_table(walls), table(records))
+        if part
     )
     if args.readme:
         rewrite_readme(args.readme, body)

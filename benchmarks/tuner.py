@@ -342,6 +342,56 @@ def record(
     }
 
 
+WALL_TARGET_S = {1: 20 * 60.0, 4: 6 * 60.0}
+"""Issue 10's targets for 20 trials + re-verification of ``studies/llama-1b.toml``, by GPUs."""
+
+
+def wall_record(
+    *,
+    name: str,
+    trials: Sequence[optuna.trial.FrozenTrial],
+    pin: dict[str, Any],
+    fresh_runs: int,
+    gpus: int,
+) -> dict[str, Any]:
+    """The wall-time record of one uninterrupted search: first trial start to the last trial's
+    end (the trials), from there to the pin (re-verification and baselines), and in all."""
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
+    if not starts or not ends:
+        raise SystemExit(f"{pin['study_name']}: no finished trial")
+    utc = datetime.timezone.utc
+    first, last = min(starts).replace(tzinfo=utc), max(ends).replace(tzinfo=utc)
+    created = datetime.datetime.fromisoformat(pin["created_at"])
+    total = (created - first).total_seconds()
+    target = WALL_TARGET_S.get(gpus)
+    return {
+        "kind": "wall",
+        "name": name,
+        "study": pin["study_name"],
+        "limit_bytes": float(pin["limit_bytes"]),
+        "gpus": gpus,
+        "trials": len(trials),
+        "trials_wall_s": (last - first).total_seconds(),
+        "fresh_runs": fresh_runs,
+        "reverify_wall_s": (created - last).total_seconds(),
+        "total_wall_s": total,
+        "target_s": target,
+        "target_met": None if target is None else total <= target,
+        "device": pin["fingerprint"]["device_name"],
+        "torch_version": pin["fingerprint"]["torch_version"],
+        "date": pin["created_at"],
+    }
+
+
+def _fresh_runs(url: str, study: str) -> int:
+    """How many fresh re-measurements (``reverify``) the study holds."""
+    from budgettune import storage
+
+    with storage.open_storage(url, create=False) as store:
+        return len(store.measurements(study, kind="reverify"))
+
+
 def _append(out: Path, row: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as handle:
@@ -398,8 +448,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_rec.add_argument("--batch", type=int, default=4)
     p_rec.add_argument("--optimizer", help="restrict the grid best to this optimizer_impl")
     p_rec.add_argument("--out", type=Path, required=True)
+    p_wall = sub.add_parser("wall", help="append the wall-time record of a finished search")
+    p_wall.add_argument("--storage", required=True)
+    p_wall.add_argument("--pin", type=Path, required=True)
+    p_wall.add_argument("--gpus", type=int, required=True, help="GPUs the search ran on")
+    p_wall.add_argument("--name", default="studies/llama-1b.toml as written")
+    p_wall.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
+    if args.what == "wall":
+        pin = json.loads(args.pin.read_text())
+        name = pin["study_name"]
+        row = wall_record(
+            name=args.name,
+            trials=study_trials(args.storage, [name])[name],
+            pin=pin,
+            fresh_runs=_fresh_runs(args.storage, name),
+            gpus=args.gpus,
+        )
+        _append(args.out, row)
+        print(json.dumps(row, indent=1))
+        return 0
     if args.what == "limits":
         for limit in limits(read_records(args.grid)).values():
             print(

@@ -80,7 +80,10 @@ PY
     if [ "\$limit" = W ]; then  # the wall-time figure: studies/llama-1b.toml as written
         python3 -m budgettune.cli search studies/llama-1b.toml --trials "\$left" \\
             --storage "sqlite:///$state/tuner.db" --study "\$study" \\
-            --output "$state/tuner-W-pin.json" --gpus "$gpus"
+            --output "$state/tuner-W-pin.json" --gpus "$gpus" &&
+        python3 -m benchmarks.tuner wall --storage "sqlite:///$state/tuner.db" \\
+            --pin "$state/tuner-W-pin.json" --gpus $(echo "$gpus" | tr ',' '\n' | wc -l) \\
+            --out "$state/tuner-records.jsonl"
     else
         python3 -m benchmarks.tuner run "\$limit" \\
             --grid $(ls $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \
