@@ -17,8 +17,9 @@
 #
 # A call that finds no driver copies the database from benchmarks/results/h200-tuner-2026-11-25/
 # (put what came back there first) and resumes each unfinished limit with the trials it still
-# lacks (at least one: a resumed search adds one). A trial cut off mid-run is failed and retried
-# by the search; re-verification runs already stored count, so only the missing ones run.
+# lacks (`--trials 0` once it has 20: only re-verify and pin). A trial cut off mid-run is failed
+# and retried by the search; re-verification runs already stored count, so only the missing
+# ones run.
 set -uo pipefail
 wait_s=$1
 shift
@@ -75,7 +76,7 @@ else:
     print(sum(t.state != optuna.trial.TrialState.RUNNING for t in study.trials))
 PY
 )
-    left=\$((20 - done_n)); [ "\$left" -ge 1 ] || left=1
+    left=\$((20 - done_n)); [ "\$left" -ge 0 ] || left=0  # 0: only re-verify and pin
     echo "== \$limit (\$study): \$done_n trials done, \$left to run, GPUs $gpus, \$(date -u +%FT%TZ)"
     if [ "\$limit" = W ]; then  # the wall-time figure: studies/llama-1b.toml as written
         python3 -m budgettune.cli search studies/llama-1b.toml --trials "\$left" \\

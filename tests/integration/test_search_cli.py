@@ -112,6 +112,29 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     assert again.exit_code == 0, again.output
     assert len(_trials(db, "s1")) == 10
 
+    # --trials 0 runs no trial: it re-verifies (reusing the stored runs) and pins again
+    def reverify_runs() -> int:
+        with sqlite3.connect(tmp_path / "bt.db") as conn:
+            q = "select count(*) from bt_measurements where kind = 'reverify'"
+            return int(conn.execute(q).fetchone()[0])
+
+    stored = reverify_runs()
+    pinned = _invoke(
+        "search", "--max-mem", LIMIT, "--trials", "0", "--storage", db, "--study", "s1",
+        "--output", str(tmp_path / "again.json"), *FAST,
+    )  # fmt: skip
+    assert pinned.exit_code == 0, pinned.output
+    assert len(_trials(db, "s1")) == 10 and reverify_runs() == stored
+    assert (
+        json.loads((tmp_path / "again.json").read_text())["trial_number"]
+        == json.loads(pin_path.read_text())["trial_number"]
+    )
+    missing = _invoke(
+        "search", "--max-mem", LIMIT, "--trials", "0", "--storage", db, "--study", "nope", *FAST
+    )
+    assert missing.exit_code == 2 and "holds no study 'nope'" in missing.stderr
+    assert "nope" not in optuna.get_all_study_names(db)
+
     shown = _invoke("show", "--storage", db)
     assert shown.exit_code == 0, shown.output
     assert "Pareto" in shown.stdout and "[unconstrained]" in shown.stdout

@@ -67,7 +67,11 @@ def search(
         typer.Option(help="What --max-mem limits: device (nvidia-smi), reserved or allocated."),
     ] = None,
     trials: Annotated[
-        int | None, typer.Option(help="Trials to add to the study (default 20).")
+        int | None,
+        typer.Option(
+            help="Trials to add to the study (default 20); 0 runs none and only re-verifies "
+            "and pins what an existing study holds (a search cut off before its pin)."
+        ),
     ] = None,
     study: Annotated[
         str | None, typer.Option(help="Study name (default: from workload, device, limit).")

@@ -35,7 +35,7 @@ def open_study(
         storage=store.optuna_storage,
         sampler=make_sampler(search),
     )
-    if create:
+    if create and search.num_trials > 0:
         try:
             study = optuna.create_study(direction="minimize", load_if_exists=False, **common)
         except optuna.exceptions.DuplicatedStudyError:
@@ -50,7 +50,16 @@ def open_study(
                     user_attrs={BASELINE_ATTR: label, "enqueued_spec": spec.to_json_dict()},
                 )
             return study, True
-    study = optuna.load_study(**common)
+    try:
+        study = optuna.load_study(**common)
+    except KeyError:
+        if not create:
+            raise
+        # --trials 0 re-verifies and pins what a study holds: it makes none
+        raise UsageError(
+            f"--trials 0 re-verifies and pins an existing study, and {store.display_url} "
+            f"holds no study {search.study_name!r}; give --trials N to start it"
+        ) from None
     if not create:
         return study, False
     wanted = study_attrs(search)

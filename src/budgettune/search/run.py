@@ -53,7 +53,10 @@ def run_search(
         "cuda:" + ",".join(map(str, group))
         for group in (gpu_groups(gpus, search.nproc_per_node) if gpus else ())
     )
-    if gpus:
+    if gpus and search.num_trials == 0:  # only re-verify and pin: no workers to start
+        searcher.observer.started(search.study_name, 0)
+        trials_run = 0
+    elif gpus:
         searcher.observer.started(search.study_name, search.num_trials)
         trials_run = run_gpu_workers(searcher, gpus)
     else:

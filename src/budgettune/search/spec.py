@@ -79,8 +79,8 @@ class SearchSpec:
                 f"--mem-metric: unknown metric {self.mem_metric!r}; "
                 f"choose one of {', '.join(MEM_METRIC_CHOICES)}"
             )
-        if self.num_trials < 1:
-            raise UsageError(f"--trials must be at least 1, got {self.num_trials}")
+        if self.num_trials < 0:
+            raise UsageError(f"--trials must be at least 0, got {self.num_trials}")
         if self.top_k < 1 or self.reverify_runs < 1:
             raise UsageError("--top-k and --reverify must be at least 1")
         if not 0.0 <= self.margin < 0.5:
