@@ -16,10 +16,10 @@
 # 2026-11-25: it did between two calls, and was gone on each new machine; a lease lasts 30 min).
 #
 # A call that finds no driver copies the database from benchmarks/results/h200-tuner-2026-11-25/
-# (put what came back there first) and resumes each unfinished limit with the trials it still
-# lacks (`--trials 0` once it has 20: only re-verify and pin). A trial cut off mid-run is failed
-# and retried by the search; re-verification runs already stored count, so only the missing
-# ones run.
+# (put what came back there first, the pins unpacked from pins.tar) and resumes each unfinished
+# limit with the trials it still lacks (`--trials 0` once it has 20: only re-verify and pin). A
+# trial cut off mid-run is failed and retried by the search; re-verification runs already
+# stored count, so only the missing ones run.
 set -uo pipefail
 wait_s=$1
 shift
@@ -119,6 +119,8 @@ dst.close()
 PY
 cat "$state/device.txt" budgettune-runs/*/workers/*.log > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null
-cp "$state"/tuner-*-pin.json "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
+cp "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
+# the pins travel as one archive: a device command brings back at most 8 files
+(cd "$state" && ls tuner-*-pin.json > /dev/null 2>&1 && tar cf "$OUT/pins.tar" tuner-*-pin.json)
 tail -n 15 "$state/driver.log"
 tail -n 25 "$OUT/workers.log" 2>/dev/null
