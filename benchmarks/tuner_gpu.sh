@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Issue 10's tuner searches on one GPU host, longer than one 10-minute device command.
 #
-#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [W]    (on the device, .whl carried)
+#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [W] [B64 L5]   (device, .whl carried)
 #
 # W is the wall-time figure: `budgettune search studies/llama-1b.toml` as written (its limit,
 # top-k and re-verification count), 20 trials, study wall-1gpu-<start>, pin tuner-W-pin.json;
-# a driver on a new machine starts W afresh (its figure is one uninterrupted search).
+# a driver on a new machine starts W afresh (its figure is one uninterrupted search). B64 runs
+# the reference set b64 (the B=64 grid points; L5 needs its full-AC point), appending to
+# llama-b64-h200.jsonl (resumable; copy what came back to benchmarks/results/).
 #
 # The first call starts one detached driver that runs `python -m benchmarks.tuner run L` for each
 # limit in turn (20 trials, 5 re-measurements, its own study in one SQLite file), on every GPU the
@@ -45,6 +47,7 @@ if ! running; then
     if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
         cp "$kept/tuner.db" "$state/tuner.db"
         cp "$kept"/tuner-*-pin.json "$kept"/tuner-records.jsonl "$state/" 2>/dev/null
+        cp "$results/llama-b64-h200.jsonl" "$state/" 2>/dev/null
         echo "resuming from $kept/tuner.db" | tee -a "$state/driver.log"
     fi
     [ -f "$state/device.txt" ] || {
@@ -63,6 +66,13 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 for limit in $*; do
     [ -f "$state/tuner-\$limit-pin.json" ] && continue
+    if [ "\$limit" = B64 ]; then  # the B=64 grid points L5 is defined by (resumable)
+        echo "== B64: the reference set b64, GPUs $gpus, \$(date -u +%FT%TZ)"
+        python3 -m benchmarks.reference --set b64 --out "$state/llama-b64-h200.jsonl" \\
+            --gpus "$gpus"
+        echo "== B64: exit \$? \$(date -u +%FT%TZ)"
+        continue
+    fi
     study=\$(python3 -c "import sys; from benchmarks.tuner import study_name; print(study_name(sys.argv[1]))" "\$limit")
     [ "\$limit" = W ] && study=$wall_study
     done_n=\$(python3 - "\$study" <<'PY'
@@ -87,8 +97,8 @@ PY
             --out "$state/tuner-records.jsonl"
     else
         python3 -m benchmarks.tuner run "\$limit" \\
-            --grid $(ls $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \
-                $results/llama-b64-h200.jsonl $results/vit-grid-h200.jsonl 2>/dev/null | paste -sd' ' -) \\
+            --grid $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \\
+                $results/vit-grid-h200.jsonl \$(ls "$state/llama-b64-h200.jsonl" 2>/dev/null) \\
             --storage "sqlite:///$state/tuner.db" --pins "$state" \\
             --out "$state/tuner-records.jsonl" --trials "\$left" --reverify 5 --gpus "$gpus"
     fi
@@ -119,7 +129,7 @@ dst.close()
 PY
 cat "$state/device.txt" budgettune-runs/*/workers/*.log > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null
-cp "$state"/tuner-records.jsonl "$OUT"/ 2>/dev/null
+cp "$state"/tuner-records.jsonl "$state"/llama-b64-h200.jsonl "$OUT"/ 2>/dev/null
 # the pins travel as one archive: a device command brings back at most 8 files
 (cd "$state" && ls tuner-*-pin.json > /dev/null 2>&1 && tar cf "$OUT/pins.tar" tuner-*-pin.json)
 tail -n 15 "$state/driver.log"
