@@ -3,7 +3,9 @@
 #
 #   bash benchmarks/fresh_run_cost.sh OUT_DIR
 #
-# Python start-up and torch's imports (with and without a writable bytecode cache), then
+# Python start-up and torch's imports (as the host has them, then with a bytecode cache in /tmp:
+# written by the first, read by the second; `startup.txt` of 2026-11-25 was taken before this
+# unset PYTHONDONTWRITEBYTECODE, so its three figures are all without one), then
 # `budgettune trial` of the built-in Llama: budget 1.0 twice (cold, then warm compile caches),
 # a greedy-solver budget 0.86 (another cache variant: shares only Triton's kernels) and full
 # block AC (with the compile caches' log lines, which say why its FX-graph cache is bypassed).
@@ -24,8 +26,13 @@ export PYTHONPATH=/tmp/site
         ".pyc files under torch/_inductor: $(find "$site/_inductor" -name '*.pyc' | wc -l)"
     for prefix in "" /tmp/bt-pycache /tmp/bt-pycache; do
         start=$(date +%s%N)
-        PYTHONPYCACHEPREFIX=$prefix python3 -c "import torch._dynamo, torch._inductor.compile_fx"
-        echo "import torch._dynamo + inductor, PYTHONPYCACHEPREFIX='$prefix':" \
+        if [ -n "$prefix" ]; then  # the hosts set PYTHONDONTWRITEBYTECODE=1: unset it here
+            env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$prefix \
+                python3 -c "import torch._dynamo, torch._inductor.compile_fx"
+        else
+            python3 -c "import torch._dynamo, torch._inductor.compile_fx"
+        fi
+        echo "import torch._dynamo + inductor, bytecode cache '$prefix':" \
             "$(( ($(date +%s%N) - start) / 1000000 )) ms"
     done
 } > "$out/startup.txt" 2>&1

@@ -223,7 +223,13 @@ def wall_table(records: list[dict[str, Any]]) -> str:
             f"{r['trials_wall_s']:.0f} s",
             str(r["fresh_runs"]),
             f"{r['reverify_wall_s']:.0f} s",
-            f"{r['total_wall_s']:.0f} s ({r['total_wall_s'] / 60:.1f} min)",
+            f"{r['total_wall_s']:.0f} s ({r['total_wall_s'] / 60:.1f} min)"
+            + (
+                ""
+                if r.get("command_wall_s") is None
+                else f"; the command {r['command_wall_s']:.0f} s "
+                f"({r['command_wall_s'] / 60:.1f} min)"
+            ),
             target,
         ]
         out.append("| " + " | ".join(cells) + " |")

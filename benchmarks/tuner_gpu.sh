@@ -4,8 +4,9 @@
 #   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [W] [B64 L5]   (device, .whl carried)
 #
 # W is the wall-time figure: `budgettune search studies/llama-1b.toml` as written (its limit,
-# top-k and re-verification count), 20 trials, study wall-1gpu-<start>, pin tuner-W-pin.json;
-# a driver on a new machine starts W afresh (its figure is one uninterrupted search). B64 runs
+# top-k and re-verification count), 20 trials, study wall-<N>gpu-<start>, pin tuner-W-pin.json,
+# in a runs folder of its own (cold compile caches), timed from its command's start; a driver
+# on a new machine starts W afresh (its figure is one uninterrupted search). B64 runs
 # the reference set b64 (the B=64 grid points; L5 needs its full-AC point), appending to
 # llama-b64-h200.jsonl (resumable; copy what came back to benchmarks/results/).
 #
@@ -57,7 +58,8 @@ if ! running; then
     } > "$state/device.txt" 2>&1
     gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
     # W's figure is one uninterrupted search: a driver on a new machine starts a new study
-    wall_study=wall-1gpu-$(date -u +%Y%m%dT%H%M)
+    ngpus=$(echo "$gpus" | tr ',' '\n' | wc -l)
+    wall_study=wall-${ngpus}gpu-$(date -u +%Y%m%dT%H%M)
     cat > "$state/driver.sh" <<EOF
 #!/usr/bin/env bash
 # one limit after another; a limit with its pin is done
@@ -69,7 +71,7 @@ for limit in $*; do
     if [ "\$limit" = B64 ]; then  # the B=64 grid points L5 is defined by (resumable)
         echo "== B64: the reference set b64, GPUs $gpus, \$(date -u +%FT%TZ)"
         python3 -m benchmarks.reference --set b64 --out "$state/llama-b64-h200.jsonl" \\
-            --gpus "$gpus"
+            --gpus "$gpus" --stop-after 1e9
         echo "== B64: exit \$? \$(date -u +%FT%TZ)"
         continue
     fi
@@ -89,12 +91,15 @@ PY
     left=\$((20 - done_n)); [ "\$left" -ge 0 ] || left=0  # 0: only re-verify and pin
     echo "== \$limit (\$study): \$done_n trials done, \$left to run, GPUs $gpus, \$(date -u +%FT%TZ)"
     if [ "\$limit" = W ]; then  # the wall-time figure: studies/llama-1b.toml as written
+        # its own runs folder: cold compile caches, whatever ran on this machine before
+        w_start=\$(date +%s)
         python3 -m budgettune.cli search studies/llama-1b.toml --trials "\$left" \\
             --storage "sqlite:///$state/tuner.db" --study "\$study" \\
+            --runs-dir "$state/runs-\$study" \\
             --output "$state/tuner-W-pin.json" --gpus "$gpus" &&
         python3 -m benchmarks.tuner wall --storage "sqlite:///$state/tuner.db" \\
-            --pin "$state/tuner-W-pin.json" --gpus $(echo "$gpus" | tr ',' '\n' | wc -l) \\
-            --out "$state/tuner-records.jsonl"
+            --pin "$state/tuner-W-pin.json" --gpus $ngpus \\
+            --command-wall-s \$((\$(date +%s) - w_start)) --out "$state/tuner-records.jsonl"
     else
         python3 -m benchmarks.tuner run "\$limit" \\
             --grid $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \\
@@ -106,7 +111,11 @@ PY
 done
 echo "== driver done"
 EOF
-    if grep -q "driver done" "$state/driver.log" 2>/dev/null && [ "$(ls "$state"/tuner-*-pin.json 2>/dev/null | wc -l)" -ge $# ]; then
+    pinned=yes
+    for limit in "$@"; do
+        [ "$limit" = B64 ] || [ -f "$state/tuner-$limit-pin.json" ] || pinned=no
+    done
+    if [ $pinned = yes ] && grep -q "driver done" "$state/driver.log" 2>/dev/null; then
         echo "all pinned"
     else
         setsid nohup bash "$state/driver.sh" >> "$state/driver.log" 2>&1 < /dev/null &
@@ -127,7 +136,8 @@ src.backup(dst)
 dst.execute("PRAGMA journal_mode = DELETE")
 dst.close()
 PY
-cat "$state/device.txt" budgettune-runs/*/workers/*.log > "$OUT/workers.log" 2>/dev/null
+cat "$state/device.txt" budgettune-runs/*/workers/*.log "$state"/runs-*/*/workers/*.log \
+    > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null
 cp "$state"/tuner-records.jsonl "$state"/llama-b64-h200.jsonl "$OUT"/ 2>/dev/null
 # the pins travel as one archive: a device command brings back at most 8 files

@@ -55,3 +55,8 @@ def format_gb(num_bytes: int | float | None) -> str:
     if num_bytes is None:
         return "-"
     return f"{float(num_bytes) / 1e9:.2f}"
+
+
+def format_percent(fraction: float) -> str:
+    """``0.02`` → ``2%``, ``0.005`` → ``0.5%`` (a margin, never rounded to nothing)."""
+    return f"{fraction * 100:.3g}%"

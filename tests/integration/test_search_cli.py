@@ -119,12 +119,18 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
             return int(conn.execute(q).fetchone()[0])
 
     stored = reverify_runs()
+    study = optuna.load_study(study_name="s1", storage=db)
+    target = study.user_attrs["target_trials"]
+    study.ask()  # a trial left RUNNING, as by a process that died: --trials 0 runs nothing
     pinned = _invoke(
         "search", "--max-mem", LIMIT, "--trials", "0", "--storage", db, "--study", "s1",
         "--output", str(tmp_path / "again.json"), *FAST,
     )  # fmt: skip
     assert pinned.exit_code == 0, pinned.output
-    assert len(_trials(db, "s1")) == 10 and reverify_runs() == stored
+    after = optuna.load_study(study_name="s1", storage=db)
+    assert after.user_attrs["target_trials"] == target  # other workers' target left be
+    assert len([t for t in _trials(db, "s1") if t.state.is_finished()]) == 10
+    assert reverify_runs() == stored
     assert (
         json.loads((tmp_path / "again.json").read_text())["trial_number"]
         == json.loads(pin_path.read_text())["trial_number"]

@@ -172,3 +172,9 @@ def test_format_bytes_shows_both_units() -> None:
     assert format_bytes(15_060_000_000) == "15.06 GB (14.03 GiB)"
     assert format_bytes(149_000_000) == "149.00 MB (142.10 MiB)"
     assert format_bytes(None) == "-"
+
+
+def test_a_margin_is_written_as_a_percent_never_rounded_to_nothing() -> None:
+    from budgettune.units import format_percent
+
+    assert [format_percent(m) for m in (0.02, 0.005, 0.0, 0.125)] == ["2%", "0.5%", "0%", "12.5%"]

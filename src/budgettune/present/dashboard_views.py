@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from budgettune.pinning import phase_advice
 from budgettune.storage.trials import BASELINE_ATTR, is_feasible
 from budgettune.trial.spec import TrialSpec
-from budgettune.units import format_bytes
+from budgettune.units import format_bytes, format_percent
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def study_note(
         "",
         f"Workload `{search.get('workload', '?')}`, limit **{format_bytes(limit)}** on peak "
         f"{metric} memory; a configuration fits when its peak x {1 + margin:.2f} (the "
-        f"{margin:.0%} margin) is within it. Trials: {counts[FEASIBLE]} fit, "
+        f"{format_percent(margin)} margin) is within it. Trials: {counts[FEASIBLE]} fit, "
         f"{counts[INFEASIBLE]} measured over the limit, {counts[OOM]} OOM, {num_failed} "
         "crashed or timed out.",
         "",

@@ -31,7 +31,7 @@ from budgettune.storage.trials import (
 )
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialSpec
-from budgettune.units import format_bytes
+from budgettune.units import format_bytes, format_percent
 
 if TYPE_CHECKING:
     from budgettune.search.searcher import Searcher
@@ -62,7 +62,8 @@ def reverify_until_one_fits(
         if index >= search.top_k:
             searcher.observer.notice(
                 f"none of the {len(tried)} fastest fitting trials held under "
-                f"{format_bytes(search.max_mem_bytes)} with the {search.margin:.0%} margin "
+                f"{format_bytes(search.max_mem_bytes)} with the "
+                f"{format_percent(search.margin)} margin "
                 f"when re-measured; trying trial {batch[0].trial_number} "
                 f"({index + 1}/{bound}, "
                 f"{batch[0].step_time_ms:.1f} ms, {format_bytes(batch[0].peak_bytes)})"
@@ -222,7 +223,8 @@ def no_feasible_error(
     advice = [a for a in (phase_advice(phase), hint) if a]
     return NoFeasibleConfigError(
         f"no {what} configuration fits under {limit} ({search.mem_metric}) with the "
-        f"{search.margin:.0%} margin; the smallest peak seen is {format_bytes(peak)} from "
+        f"{format_percent(search.margin)} margin; the smallest peak seen is "
+        f"{format_bytes(peak)} from "
         f"{spec.describe()}"
         + "".join(f"; {a}" for a in advice)
         + "; raise --max-mem or run more --trials"
@@ -236,6 +238,6 @@ def margin_advice(peak_bytes: int, search: SearchSpec) -> str:
         return ""
     return (
         f"a configuration measured at {format_bytes(peak_bytes)} is under the limit itself, "
-        f"only the {search.margin:.0%} margin keeps it out: a lower --margin lets it count "
-        "(the pin's worst fresh run must still fit the limit)"
+        f"only the {format_percent(search.margin)} margin keeps it out: a lower --margin lets "
+        "it count (the pin's worst fresh run must still fit the limit)"
     )

@@ -53,7 +53,9 @@ def run_search(
         "cuda:" + ",".join(map(str, group))
         for group in (gpu_groups(gpus, search.nproc_per_node) if gpus else ())
     )
-    if gpus and search.num_trials == 0:  # only re-verify and pin: no workers to start
+    if search.num_trials == 0:
+        # only re-verify and pin: no trial here, no worker, not even one re-queued from a
+        # process that died, and the study's target as it was (other workers may be on it)
         searcher.observer.started(search.study_name, 0)
         trials_run = 0
     elif gpus:

@@ -102,7 +102,7 @@ class Searcher:
         try:
             with database_errors(store.url):
                 self.study, created = self._open_study(add_trials)
-                if add_trials:
+                if add_trials and search.num_trials > 0:  # --trials 0 leaves the target be
                     # A new study's baselines are part of its first --trials; on a resumed
                     # study, baselines still queued are not "before": --trials N runs N.
                     count = self.count()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from budgettune.errors import DeviceUnavailableError, SpecError
+from budgettune.trial.processes import end_session, kill_group, wait_unreaped
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
 from budgettune.trial.results import (
     TrialOutcome,
@@ -224,18 +225,18 @@ def launch_trial(
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
+        returncode: int | None = None
         try:
-            returncode: int | None = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_tree(process)
-            returncode = None
+            if wait_unreaped(process, timeout_s):
+                # its compile workers, when it left without stopping them (`processes`)
+                returncode = end_session(process)
+            else:
+                _kill_tree(process)
         except BaseException:
             _kill_tree(process)
             raise
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
-        if returncode is not None:  # its compile workers, when it left without stopping them
-            _kill_tree(process)
 
     common = {"log_path": str(log_path), "wall_s": wall_s}
     if returncode is None:
@@ -312,7 +313,6 @@ def cpu_trial_lock() -> Iterator[None]:
 
 def _kill_tree(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's whole process session (compile workers included) and reap it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    kill_group(process)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=30)

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from budgettune.trial.processes import end_session, kill_group, wait_unreaped
 from budgettune.trial.ranks import rank_result_path
 from budgettune.trial.results import (
     TrialOutcome,
@@ -68,21 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     result_path.unlink(missing_ok=True)
     if sys.platform == "linux":
         _die_with_parent()  # torchrun starts ranks in their own sessions: follow it if killed
+    # The child measures in a session of its own, so what it leaves (it exits with `os._exit`;
+    # torch's compile workers may outlive it) is killed with its group, as the launcher does.
     child = subprocess.Popen(
         [sys.executable, "-m", "budgettune.trial.worker", args[0], str(result_path)],
         stdin=subprocess.DEVNULL,
+        start_new_session=True,
         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
     stopped: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
         stopped.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            child.kill()
+        kill_group(child)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    returncode = child.wait()
+    wait_unreaped(child, None)
+    returncode = end_session(child)
     try:
         result = read_result(result_path)
     except (OSError, ValueError):

@@ -1,0 +1,57 @@
+"""Waiting for a trial child and ending what it leaves behind in its session.
+
+A trial child leaves with ``os._exit`` once its result is written (the interpreter's teardown
+cost seconds per run on a GPU host), so torch's compile workers may outlive it for a moment.
+The child runs in a session of its own; once it has exited, and before it is reaped (a zombie
+keeps its pid, hence its process-group id, from being reused), the whole group is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+_POLL_S = 0.05
+
+
+def wait_unreaped(process: subprocess.Popen[bytes], timeout_s: float | None) -> bool:
+    """Wait until ``process`` exits (True) or ``timeout_s`` passes (False), without reaping it.
+
+    Where ``os.waitid`` is missing (not Linux), it is reaped (``Popen.wait``) instead.
+    """
+    if not hasattr(os, "waitid"):
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    flags = os.WEXITED | os.WNOWAIT | os.WNOHANG
+    while True:
+        try:
+            if os.waitid(os.P_PID, process.pid, flags) is not None:
+                return True
+        except ChildProcessError:  # already reaped
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``process`` leads (its own, if started in a new session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def end_session(process: subprocess.Popen[bytes]) -> int:
+    """After `wait_unreaped` said it exited: kill what is left of its group, reap it.
+
+    Returns:
+        Its return code.
+    """
+    kill_group(process)
+    return process.wait()
