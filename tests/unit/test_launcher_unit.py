@@ -44,3 +44,24 @@ def test_parse_options() -> None:
     }
     with pytest.raises(UsageError, match="KEY=VALUE"):
         parse_options(["batch_size"])
+
+
+def test_a_ctrl_c_swallowed_while_a_child_forks_is_raised_again() -> None:
+    """CPython drops a KeyboardInterrupt raised in an at-fork hook (logging's lock release)
+    when Popen has a preexec_fn; the launcher's guard raises it again on the way out."""
+    import signal
+
+    import pytest
+
+    from budgettune.trial.processes import interrupts_kept
+
+    with pytest.raises(KeyboardInterrupt), interrupts_kept():
+        try:  # what the at-fork hook does with it
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    with interrupts_kept():  # no Ctrl-C, nothing raised
+        pass
+    with pytest.raises(KeyboardInterrupt), interrupts_kept():  # an ordinary one goes through
+        signal.raise_signal(signal.SIGINT)

@@ -35,6 +35,7 @@ from budgettune.search.spec import SearchSpec
 from budgettune.search.study import HEARTBEAT_ATTR, SPEC_ATTR, SearchObserver
 from budgettune.storage.coordination import database_errors
 from budgettune.trial.launcher import check_device_available, cuda_device_count, die_with_parent
+from budgettune.trial.processes import interrupts_kept
 from budgettune.trial.spec import DEVICE_PATTERN
 from budgettune.workload import check_reference
 
@@ -254,7 +255,7 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
         for group in gpu_groups(gpus, searcher.search.nproc_per_node):
             gpu = group_device(group)
             log_path = log_dir / f"cuda{'_'.join(map(str, group))}.log"
-            with open(log_path, "ab") as log_file:
+            with open(log_path, "ab") as log_file, interrupts_kept():
                 process = subprocess.Popen(
                     worker_command(
                         study_name=searcher.search.study_name,
@@ -267,7 +268,7 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
                     env=env,
                     preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 )
-            workers.append((gpu, process, log_path))
+                workers.append((gpu, process, log_path))
         while any(process.poll() is None for _, process, _ in workers):
             time.sleep(PROGRESS_POLL_S)
             with database_errors(url):

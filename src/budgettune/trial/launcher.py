@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import IO
 
 from budgettune.errors import DeviceUnavailableError, SpecError
-from budgettune.trial.processes import end_session, kill_group, wait_unreaped
+from budgettune.trial.processes import (
+    end_session,
+    interrupts_kept,
+    kill_group,
+    wait_unreaped,
+)
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
 from budgettune.trial.results import (
     TrialOutcome,
@@ -216,24 +221,27 @@ def launch_trial(
     with cpu_trial_lock() if on_cpu else contextlib.nullcontext(), open(log_path, "ab") as log:
         _log_line(log, f"starting {' '.join(command)}")
         started = time.monotonic()
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
-        )
+        process: subprocess.Popen[bytes] | None = None
         returncode: int | None = None
         try:
+            with interrupts_kept():
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                )
             if wait_unreaped(process, timeout_s):
                 # its compile workers, when it left without stopping them (`processes`)
                 returncode = end_session(process)
             else:
                 _kill_tree(process)
         except BaseException:
-            _kill_tree(process)
+            if process is not None:
+                _kill_tree(process)
             raise
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")

@@ -12,7 +12,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from types import FrameType
 
 _POLL_S = 0.05
 
@@ -55,3 +58,35 @@ def end_session(process: subprocess.Popen[bytes]) -> int:
     """
     kill_group(process)
     return process.wait()
+
+
+@contextlib.contextmanager
+def interrupts_kept() -> Iterator[None]:
+    """Start a child inside this: a Ctrl-C that lands while it is forked is not lost.
+
+    With a ``preexec_fn``, CPython runs its at-fork hooks in the parent (logging's lock release
+    among them), and a KeyboardInterrupt raised inside one is printed as "Exception ignored"
+    and dropped: an interrupted search then ran on to its pin (seen in CI, 2026-11-25). Here
+    SIGINT is also remembered, and raised again on the way out if it was swallowed. Only in
+    the main thread (where Python runs signal handlers), and only while SIGINT raises.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or previous is not signal.default_int_handler
+    ):
+        yield
+        return
+    seen: list[int] = []
+
+    def remember(signum: int, frame: FrameType | None) -> None:
+        seen.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, remember)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if seen:
+        raise KeyboardInterrupt
