@@ -26,7 +26,6 @@ from budgettune.storage.trials import (
     baseline_status,
     baseline_trial,
     feasible_candidates,
-    metric_peak,
     smallest_peak,
 )
 from budgettune.trial.results import TrialResult
@@ -213,13 +212,11 @@ def no_feasible_error(
         )
     peak, spec, phase = smallest
     what = "re-verified" if after_reverify else "measured"
-    ok_peaks = [
-        metric_peak(t.user_attrs, search.mem_metric)
-        for t in trials
-        if t.user_attrs.get("outcome") == "ok"
-        and f"peak_{search.mem_metric}_bytes" in t.user_attrs
-    ]  # a trial with wrong numerics does not count whatever the margin
-    hint = margin_advice(min(ok_peaks), search) if ok_peaks and not after_reverify else ""
+    # a trial with wrong numerics does not count whatever the margin
+    smallest_ok = smallest_peak(
+        (t for t in trials if t.user_attrs.get("outcome") == "ok"), search.mem_metric
+    )
+    hint = margin_advice(smallest_ok[0], search) if smallest_ok and not after_reverify else ""
     advice = [a for a in (phase_advice(phase), hint) if a]
     return NoFeasibleConfigError(
         f"no {what} configuration fits under {limit} ({search.mem_metric}) with the "

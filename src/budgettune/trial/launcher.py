@@ -29,7 +29,6 @@ from budgettune.errors import DeviceUnavailableError, SpecError
 from budgettune.trial.processes import (
     end_session,
     interrupts_kept,
-    kill_group,
     wait_unreaped,
 )
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
@@ -237,11 +236,11 @@ def launch_trial(
             if wait_unreaped(process, timeout_s):
                 # its compile workers, when it left without stopping them (`processes`)
                 returncode = end_session(process)
-            else:
-                _kill_tree(process)
+            else:  # timed out: the whole session goes
+                end_session(process, timeout_s=30)
         except BaseException:
             if process is not None:
-                _kill_tree(process)
+                end_session(process, timeout_s=30)
             raise
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
@@ -317,10 +316,3 @@ def cpu_trial_lock() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's whole process session (compile workers included) and reap it."""
-    kill_group(process)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=30)

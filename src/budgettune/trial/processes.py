@@ -50,14 +50,17 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def end_session(process: subprocess.Popen[bytes]) -> int:
-    """After `wait_unreaped` said it exited: kill what is left of its group, reap it.
+def end_session(process: subprocess.Popen[bytes], timeout_s: float | None = None) -> int | None:
+    """Kill what is left of its group (all of it, when it still runs), then reap it.
 
     Returns:
-        Its return code.
+        Its return code; None when it is not reaped within ``timeout_s``.
     """
     kill_group(process)
-    return process.wait()
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 @contextlib.contextmanager

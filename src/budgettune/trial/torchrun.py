@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     wait_unreaped(child, None)
     returncode = end_session(child)
+    assert returncode is not None  # it had exited: the wait is immediate
     try:
         result = read_result(result_path)
     except (OSError, ValueError):
