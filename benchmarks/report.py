@@ -133,6 +133,14 @@ def pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f}%"
 
 
+def target_cell(max_slowdown: float | None, met: bool | None = None) -> str:
+    """A slowdown target as a table cell (``<= -12%``), with whether it was met when known."""
+    if max_slowdown is None:
+        return "-"
+    cell = f"<= {max_slowdown * 100:+.0f}%"
+    return cell if met is None else f"{cell}: {'met' if met else 'missed'}"
+
+
 def versus(r: dict[str, Any]) -> str:
     """The tuner row's "vs baseline" cell: against the search's own re-measured baseline (when
     the pin has it) and against the grid's."""
@@ -174,11 +182,7 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
         wall = "-" if r["total_wall_s"] is None else f"{r['total_wall_s']:.0f} s"
         if r.get("active_wall_s") is not None:
             wall += f" ({r['active_wall_s']:.0f} s running)"
-        target = (
-            "-"
-            if r.get("max_slowdown") is None
-            else f"<= {r['max_slowdown'] * 100:+.0f}%: {'met' if r['target_met'] else 'missed'}"
-        )
+        target = target_cell(r.get("max_slowdown"), bool(r["target_met"]))
         cells = [
             r["name"],
             f"{r['limit_bytes'] / 1e9:.2f}",

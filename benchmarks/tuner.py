@@ -35,7 +35,7 @@ from typing import Any
 
 import optuna
 
-from benchmarks.report import pct, read_records, script_main, study_trials
+from benchmarks.report import pct, read_records, script_main, study_trials, target_cell
 from budgettune.storage.trials import is_feasible
 from budgettune.trial.spec import TrialSpec
 
@@ -221,13 +221,9 @@ def limits_table(records: Sequence[dict[str, Any]]) -> str:
         base_cell = "not measured" if base_ms is None else f"{limit.baseline} ({base_ms:.1f} ms)"
         out.append(
             f"| {limit.name} | {limit.why} | {limit.gb:.3f} | {base_cell} | {best_cell} "
-            f"| {versus} | {_target(limit.max_slowdown)} | {meets} |"
+            f"| {versus} | {target_cell(limit.max_slowdown)} | {meets} |"
         )
     return "\n".join(out) + "\n"
-
-
-def _target(max_slowdown: float | None) -> str:
-    return "-" if max_slowdown is None else f"<= {max_slowdown * 100:+.0f}%"
 
 
 def first_within(
@@ -482,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for limit in limits(read_records(args.grid)).values():
             print(
                 f"{limit.name} {limit.gb:.3f} GB  {limit.workload} B={limit.batch}  "
-                f"{limit.why}; target: {_target(limit.max_slowdown)} vs {limit.baseline}"
+                f"{limit.why}; target: {target_cell(limit.max_slowdown)} vs {limit.baseline}"
             )
         return 0
     if args.what == "run":
