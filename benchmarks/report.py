@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +28,7 @@ README_FILES = tuple(
         "llama-grid-h200.jsonl",
         "llama-b8-h200.jsonl",
         "vit-grid-h200.jsonl",
+        "llama-b64-h200.jsonl",
     )
 )
 """What the README's results section is rendered from (``--readme`` with no files)."""
@@ -452,6 +453,18 @@ def rewrite_readme(readme: Path, body: str) -> None:
     readme.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
+def results_section(everything: Sequence[dict[str, Any]]) -> str:
+    """The README's results section from every record read: the limits, the tuner searches,
+    the search wall times, then each results file's grid table."""
+    from benchmarks.tuner import limits_table  # tuner imports this module
+
+    records = [r for r in everything if r.get("kind") not in ("tuner", "wall")]
+    tuned = [r for r in everything if r.get("kind") == "tuner"]
+    walls = [r for r in everything if r.get("kind") == "wall"]
+    parts = (limits_table(records), tuner_table(tuned), wall_table(walls), table(records))
+    return "\n".join(part for part in parts if part)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -468,22 +481,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give the results files (only --readme has a default)")
         args.files = list(README_FILES)
     everything = read_records(args.files)
-    records = [r for r in everything if r.get("kind") not in ("tuner", "wall")]
-    tuned = [r for r in everything if r.get("kind") == "tuner"]
-    walls = [r for r in everything if r.get("kind") == "wall"]
     if args.figure:
         limits = {name: _gb(gb) for name, gb in _named(args.limit, "--limit")}
         pins = {label: json.loads(Path(p).read_text()) for label, p in _named(args.pin, "--pin")}
+        records = [r for r in everything if r.get("kind") not in ("tuner", "wall")]
         front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
         sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
         return 0
-    from benchmarks.tuner import limits_table  # tuner imports this module
-
-    body = "\n".join(
-        part
-        for part in (limits_table(records), tuner_table(tuned), wall_table(walls), table(records))
-        if part
-    )
+    body = results_section(everything)
     if args.readme:
         rewrite_readme(args.readme, body)
     else:

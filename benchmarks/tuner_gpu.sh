@@ -44,6 +44,15 @@ export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 
 running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 
+# The limits and the grid bests are this kept study's GPU model's figures: a host of another
+# model (an H100 lent for an H200) must not add trials to it.
+here=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+kept_gpu=$(sed -n 2p "$kept/device.txt" 2>/dev/null | cut -d, -f1)
+if [ -n "$kept_gpu" ] && [ "$here" != "$kept_gpu" ]; then
+    echo "this host's GPU is $here; the kept study was measured on $kept_gpu: nothing run" >&2
+    exit 3
+fi
+
 if ! running; then
     if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
         cp "$kept/tuner.db" "$state/tuner.db"

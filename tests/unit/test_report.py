@@ -64,11 +64,7 @@ def test_readme_section_is_rewritten_between_markers(tmp_path: Path) -> None:
 
 def test_committed_readme_table_matches_the_results_files() -> None:
     report = _report()
-    everything = report.read_records([ROOT / f for f in report.README_FILES])
-    records = [r for r in everything if r.get("kind") != "tuner"]
-    tuned = [r for r in everything if r.get("kind") == "tuner"]
-    limits = importlib.import_module("benchmarks.tuner").limits_table(records)
-    body = "\n".join(p for p in (limits, report.tuner_table(tuned), report.table(records)) if p)
+    body = report.results_section(report.read_records([ROOT / f for f in report.README_FILES]))
     readme = (ROOT / "README.md").read_text()
     assert f"{report.BEGIN}\n{body}\n{report.END}" in readme
 
