@@ -134,12 +134,16 @@ def pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f}%"
 
 
+def judged(cell: str, met: bool | None) -> str:
+    """A target's table cell with whether it was met, when known (``<= -12%: met``)."""
+    return cell if met is None else f"{cell}: {'met' if met else 'missed'}"
+
+
 def target_cell(max_slowdown: float | None, met: bool | None = None) -> str:
     """A slowdown target as a table cell (``<= -12%``), with whether it was met when known."""
     if max_slowdown is None:
         return "-"
-    cell = f"<= {max_slowdown * 100:+.0f}%"
-    return cell if met is None else f"{cell}: {'met' if met else 'missed'}"
+    return judged(f"<= {max_slowdown * 100:+.0f}%", met)
 
 
 def versus(r: dict[str, Any]) -> str:
@@ -218,7 +222,7 @@ def wall_table(records: list[dict[str, Any]]) -> str:
         target = (
             "-"
             if r["target_s"] is None
-            else f"<= {r['target_s'] / 60:.0f} min: {'met' if r['target_met'] else 'missed'}"
+            else judged(f"<= {r['target_s'] / 60:.0f} min", bool(r["target_met"]))
         )
         cells = [
             f"{r['name']} ({r['date'][:10]})",
