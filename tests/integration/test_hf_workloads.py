@@ -69,6 +69,7 @@ def _sweep(source: str, options: dict[str, Any], names: tuple[str, ...]) -> dict
         ("gpt2", {}),
         ("llama", {}),
         ("bert", {"task": "sequence-classification"}),  # an encoder with a padding mask
+        ("t5", {}),  # an encoder-decoder: seq2seq by default, block AC on both stacks
     ],
 )
 def test_every_knob_runs_and_moves_the_peak(source: str, options: dict[str, Any]) -> None:
@@ -84,6 +85,39 @@ def test_mixture_of_experts_block_ac_both_policies() -> None:
     _sweep("mixtral", {}, ("budget-1.0", "ac-op", "ac-full"))
 
 
+@pytest.mark.parametrize(
+    ("source", "model_class"),
+    [("t5", "T5ForConditionalGeneration"), ("bart", "BartForConditionalGeneration")],
+)
+def test_encoder_decoder_trains_both_halves(source: str, model_class: str) -> None:
+    # BART has a causal-LM class too: its decoder alone, not what a BART user trains
+    workload = load_workload(f"hf:{source}", CPU, {**SHAPE, "seq_len": 16})
+    assert type(workload.model).__name__ == model_class
+    assert workload.model.config.decoder_start_token_id is not None  # T5's default lacks it
+    assert set(workload.batch) == {"input_ids", "labels"}
+    loss = workload.loss(workload.model, workload.batch)
+    loss.backward()
+    encoder = workload.model.get_encoder()
+    assert all(p.grad is not None for p in encoder.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("phi3", "pad_token_id 32000 past the tiny vocabulary"),
+        ("falcon", "head_dim is a read-only property"),
+        ("gptj", "rotary_dim 64 wider than a tiny head"),
+        ("swin", "per-stage lists of heads"),
+        ("convnext", "per-stage widths; the stages downsample the image"),
+    ],
+)
+def test_tiny_config_is_consistent(source: str, why: str) -> None:
+    workload = load_workload(f"hf:{source}", CPU, {**SHAPE, "seq_len": 16, "batch_size": 2})
+    workload.loss(workload.model, workload.batch).backward()  # eager: the config holds together
+    params = sum(p.numel() for p in workload.model.parameters())
+    assert params < 30e6, (why, params)
+
+
 def test_bert_batch_is_padded_with_a_mask() -> None:
     workload = load_workload(
         "hf:bert", CPU, {**SHAPE, "task": "sequence-classification", "batch_size": 4}
@@ -94,21 +128,24 @@ def test_bert_batch_is_padded_with_a_mask() -> None:
 
 
 @pytest.mark.parametrize(
-    ("source", "block_class"),
+    ("source", "stacks"),
     [
-        ("gpt2", "GPT2Block"),
-        ("llama", "LlamaDecoderLayer"),
-        ("bert", "BertLayer"),
-        ("vit", "ViTLayer"),  # image classification by default
-        ("mixtral", "MixtralDecoderLayer"),  # not the experts inside one layer
+        ("gpt2", ["GPT2Block"]),
+        ("llama", ["LlamaDecoderLayer"]),
+        ("bert", ["BertLayer"]),
+        ("vit", ["ViTLayer"]),  # image classification by default
+        ("mixtral", ["MixtralDecoderLayer"]),  # not the experts inside one layer
+        ("t5", ["T5Block", "T5Block"]),  # the encoder's stack and the decoder's
+        ("bart", ["BartEncoderLayer", "BartDecoderLayer"]),
     ],
 )
-def test_find_blocks_finds_the_family_layers(source: str, block_class: str) -> None:
+def test_find_blocks_finds_the_family_layers(source: str, stacks: list[str]) -> None:
     # Where the layers live changes between versions (ViT: vit.encoder.layer in 4.57,
-    # vit.layers in 5.17), so the test names the block class, not the path.
+    # vit.layers in 5.17), so the test names the block classes, not the paths. Two layers
+    # per stack (tiny).
     workload = load_workload(f"hf:{source}", CPU, {**SHAPE, "seq_len": 16})
     blocks = find_blocks(workload.model)
-    assert [type(b).__name__ for b in blocks] == [block_class] * 2
+    assert [type(b).__name__ for b in blocks] == [c for c in stacks for _ in range(2)]
 
 
 def _cli_trial(tmp_path: Path, source: str, policy: str) -> dict[str, Any]:

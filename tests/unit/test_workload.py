@@ -199,11 +199,30 @@ class _Nested(nn.Module):
         self.inner.add_module("deep", nn.ModuleList(_Block() for _ in range(4)))
 
 
-def test_find_blocks_picks_longest_same_class_list() -> None:
+def test_find_blocks_takes_every_stack_in_model_order() -> None:
+    # two stacks of the same blocks (an encoder and a decoder), one nested deeper: both, in
+    # model order; the list of mixed classes is not a stack
     model = _Nested()
     blocks = find_blocks(model)
-    assert len(blocks) == 4
-    assert all(a is b for a, b in zip(blocks, model.inner.deep, strict=True))
+    expected = [*model.short, *model.inner.deep]
+    assert len(blocks) == 6
+    assert all(a is b for a, b in zip(blocks, expected, strict=True))
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Linear(16, 16)
+        self.experts = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+
+def test_find_blocks_skips_small_lists_and_lists_inside_a_block() -> None:
+    model = nn.Module()
+    model.norms = nn.ModuleList(nn.LayerNorm(16) for _ in range(3))  # 32 vs 1360 per block
+    model.layers = nn.ModuleList(_Layer() for _ in range(3))
+    blocks = find_blocks(model)
+    assert all(a is b for a, b in zip(blocks, model.layers, strict=True))
+    assert len(blocks) == 3  # not the experts inside each layer, not the norms
 
 
 def test_find_blocks_ignores_mixed_lists_and_handles_none() -> None:

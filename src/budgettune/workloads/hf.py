@@ -7,9 +7,10 @@ builder's own (``batch_size``, ``seq_len``, ``task``, ``dtype``, ``tiny``, ``see
 ``keep_dropout``) override config attributes (``-o n_layer=24 -o n_embd=1024``); an attribute
 the config does not have is an error, so a typo is not silently ignored. Nothing is downloaded.
 
-The batch is synthetic: token ids (with labels) for language models, padded with an
-attention mask for sequence classification (each row shorter than the last by T/8, cycling),
-images for vision models; the loss is the model's own (``model(**batch).loss``).
+The batch is synthetic: token ids (with labels) for language models (an encoder-decoder's
+decoder reads the labels shifted right), padded with an attention mask for sequence
+classification (each row shorter than the last by T/8, cycling), images for vision models; the
+loss is the model's own (``model(**batch).loss``).
 
 Dropout is set to 0 unless ``keep_dropout=true``: recomputation re-draws dropout masks, so a
 budget below 1.0 would fail the numerics check against the budget-1.0 reference on dropout
@@ -32,7 +33,7 @@ from budgettune.workload import Workload
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "hf: workloads need transformers: pip install 'budgettune[hf]'"
-TASKS = ("causal-lm", "sequence-classification", "image-classification")
+TASKS = ("causal-lm", "seq2seq-lm", "sequence-classification", "image-classification")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: ``tiny=true``: a config small enough for a CPU test (only attributes the config has are set).
 TINY: dict[str, Any] = {
@@ -55,6 +56,24 @@ TINY: dict[str, Any] = {
     "max_position_embeddings": 128,
     "image_size": 32,
     "patch_size": 8,
+    # GPT-J's and CodeGen's rotary slice of a head (16 wide here)
+    "rotary_dim": 8,
+    # Falcon's
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 128,
+    # encoder-decoder families: BART's and Whisper's stacks, T5's
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 4,
+    "d_ff": 128,
+    "d_kv": 16,
 }
 
 
@@ -92,6 +111,46 @@ def _accepts(config: Any, key: str) -> bool:
     return any(isinstance(value, dict) and key in value for value in config.to_dict().values())
 
 
+def _read_only(config: Any, key: str) -> bool:
+    """A property without a setter that ``__init__`` does not take (Falcon's head_dim)."""
+    attr = inspect.getattr_static(type(config), key, None)
+    return (
+        isinstance(attr, property)
+        and attr.fset is None
+        and key not in inspect.signature(type(config).__init__).parameters
+    )
+
+
+def _tiny_changes(base: Any) -> dict[str, Any]:
+    """The ``tiny`` sizes this config takes, consistent with the rest of it.
+
+    A size the config holds as a list (Swin's per-stage ``num_heads``) is left alone; a
+    hierarchical vision model (per-stage ``depths``) gets one block per stage and keeps its
+    image geometry, which its stages' downsampling needs; token ids past the tiny vocabulary
+    (Phi-3's pad id 32000) are moved inside it.
+    """
+    depths = getattr(base, "depths", None)
+    if isinstance(depths, (list, tuple)) and depths:
+        return {"depths": [1] * len(depths)}
+    changes = {
+        key: value
+        for key, value in TINY.items()
+        if hasattr(base, key)
+        and not isinstance(getattr(base, key), (list, tuple, dict))
+        and not _read_only(base, key)
+    }
+    vocab = changes.get("vocab_size")
+    if vocab is not None:
+        for key, value in base.to_dict().items():
+            if not key.endswith("_token_id") or isinstance(value, bool):
+                continue
+            if isinstance(value, int) and value >= vocab:
+                changes[key] = vocab - 1
+            elif isinstance(value, list) and any(isinstance(v, int) and v >= vocab for v in value):
+                changes[key] = [min(v, vocab - 1) for v in value]
+    return changes
+
+
 def _config(transformers: Any, source: str, overrides: dict[str, Any], tiny: bool) -> Any:
     """Build the config again with the tiny sizes and the overrides as keyword arguments, so
     derived attributes (Llama's head_dim) follow them."""
@@ -101,10 +160,16 @@ def _config(transformers: Any, source: str, overrides: dict[str, Any], tiny: boo
         raise WorkloadError(
             f"hf:{source}: {type(base).__name__} has no attribute(s) {', '.join(unknown)}"
         )
-    changes = {k: v for k, v in TINY.items() if tiny and hasattr(base, k)}
+    changes = _tiny_changes(base) if tiny else {}
     changes.update(overrides)
     if getattr(base, "pad_token_id", 0) is None:
         changes.setdefault("pad_token_id", 0)  # sequence classification of a decoder needs it
+    if getattr(base, "is_encoder_decoder", False) and (
+        getattr(base, "decoder_start_token_id", None) is None
+    ):
+        # the labels shifted right start with it (T5's default config leaves it out)
+        pad = changes.get("pad_token_id", getattr(base, "pad_token_id", None))
+        changes.setdefault("decoder_start_token_id", pad or 0)
     folder = Path(source)
     if (folder / "config.json").is_file():
         return transformers.AutoConfig.from_pretrained(str(folder), **changes)
@@ -123,6 +188,11 @@ def _zero_dropout(config: Any) -> list[str]:
 def _default_task(config: Any) -> str:
     from transformers.models.auto import modeling_auto
 
+    # An encoder-decoder trains both halves (BART's causal-LM class is its decoder alone).
+    if getattr(config, "is_encoder_decoder", False) and (
+        config.model_type in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    ):
+        return "seq2seq-lm"
     if config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "causal-lm"
     if config.model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
@@ -133,6 +203,7 @@ def _default_task(config: Any) -> str:
 def _model_class(transformers: Any, task: str) -> Any:
     return {
         "causal-lm": transformers.AutoModelForCausalLM,
+        "seq2seq-lm": transformers.AutoModelForSeq2SeqLM,
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "image-classification": transformers.AutoModelForImageClassification,
     }[task]
@@ -163,7 +234,8 @@ def _batch(
             f"pass -o seq_len=N with N <= {limit}, or raise max_position_embeddings"
         )
     ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-    if task == "causal-lm":
+    if task in ("causal-lm", "seq2seq-lm"):
+        # seq2seq: the decoder reads the labels shifted right (decoder_start_token_id first)
         return {"input_ids": ids.to(device), "labels": ids.to(device)}
     # Padding on the right, a different length per row: the attention mask does real work.
     lengths = [seq_len - (row % 4) * max(seq_len // 8, 1) for row in range(batch_size)]
@@ -202,8 +274,9 @@ def build(
         source: a folder holding ``config.json``, or a model type (``gpt2``, ``llama``...).
         batch_size: rows of the batch.
         seq_len: tokens per row (language models).
-        task: ``causal-lm`` (the default where the family has one), ``sequence-classification``
-            or ``image-classification`` (the default for vision models).
+        task: ``seq2seq-lm`` (the default for an encoder-decoder: T5, BART...), ``causal-lm``
+            (the default where the family has one), ``sequence-classification`` or
+            ``image-classification`` (the default for vision models).
         dtype: ``bf16`` (the default on CUDA), ``fp16`` or ``fp32`` (the default on CPU):
             the parameters' dtype, as a model loaded with that ``dtype`` has.
         tiny: shrink the config for CPU tests (2 layers, width 64, 256 tokens).
