@@ -39,7 +39,7 @@ KNOBS = {
 }
 
 
-def run(family: str, knobs: list[str], version: str) -> dict[str, Any]:
+def run(family: str, knobs: list[str]) -> dict[str, Any]:
     """One trial subprocess; its JSON result, summarised."""
     done = subprocess.run(
         [sys.executable, "-m", "budgettune", "trial", "-w", f"hf:{family}"]
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 "transformers": version,
                 "torch": torch.__version__,
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                **run(family, knobs, version),
+                **run(family, knobs),
             }
             failed += record["outcome"] != "ok"
             print(f"{family:12} {name:10} {record['outcome']:8} {record['error'][:120]}")

@@ -457,12 +457,17 @@ def rewrite_readme(readme: Path, body: str) -> None:
     readme.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
+def grid_records(everything: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured configurations among the records read (not the tuner or wall records)."""
+    return [r for r in everything if r.get("kind") not in ("tuner", "wall")]
+
+
 def results_section(everything: Sequence[dict[str, Any]]) -> str:
     """The README's results section from every record read: the limits, the tuner searches,
     the search wall times, then each results file's grid table."""
     from benchmarks.tuner import limits_table  # tuner imports this module
 
-    records = [r for r in everything if r.get("kind") not in ("tuner", "wall")]
+    records = grid_records(everything)
     tuned = [r for r in everything if r.get("kind") == "tuner"]
     walls = [r for r in everything if r.get("kind") == "wall"]
     parts = (limits_table(records), tuner_table(tuned), wall_table(walls), table(records))
@@ -488,8 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.figure:
         limits = {name: _gb(gb) for name, gb in _named(args.limit, "--limit")}
         pins = {label: json.loads(Path(p).read_text()) for label, p in _named(args.pin, "--pin")}
-        records = [r for r in everything if r.get("kind") not in ("tuner", "wall")]
-        front = figure(records, args.figure, limits=limits, pins=pins, title=args.title)
+        front = figure(
+            grid_records(everything), args.figure, limits=limits, pins=pins, title=args.title
+        )
         sys.stdout.write(f"{args.figure}: frontier {', '.join(front)}\n")
         return 0
     body = results_section(everything)

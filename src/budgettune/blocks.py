@@ -47,19 +47,19 @@ def find_blocks(model: nn.Module) -> list[nn.Module]:
         unique = {id(p): p for child in children for p in child.parameters()}
         params = sum(p.numel() for p in unique.values())
         if params:
-            candidates.append((params, len(children), -order, name, children))
+            candidates.append((params, len(children), order, name, children))
     if not candidates:
         return []
-    candidates.sort(key=lambda c: c[:3], reverse=True)
+    candidates.sort(key=lambda c: (-c[0], -c[1], c[2]))  # most parameters, longest, first
     per_block = candidates[0][0] / candidates[0][1]
     taken: list[tuple[int, str, list[nn.Module]]] = []
-    for params, length, neg_order, name, children in candidates:
+    for params, length, order, name, children in candidates:
         if taken and params / length < per_block / 4:
             continue
         if any(_nested(name, other) or _nested(other, name) for _, other, _ in taken):
             continue
-        taken.append((-neg_order, name, children))
-    return [block for _, _, children in sorted(taken, key=lambda t: t[0]) for block in children]
+        taken.append((order, name, children))
+    return [block for _, _, children in sorted(taken) for block in children]
 
 
 def _nested(outer: str, inner: str) -> bool:

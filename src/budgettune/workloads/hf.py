@@ -103,10 +103,15 @@ def _base_config(transformers: Any, source: str) -> tuple[Any, str]:
     return auto.for_model(source), source
 
 
+def _init_parameters(config: Any) -> Any:
+    """The arguments the config class's ``__init__`` takes."""
+    return inspect.signature(type(config).__init__).parameters
+
+
 def _accepts(config: Any, key: str) -> bool:
     """An attribute, an ``__init__`` argument, or a key of a nested dict (transformers 5 keeps
     ``rope_theta`` in ``rope_parameters`` and still takes it as an argument)."""
-    if hasattr(config, key) or key in inspect.signature(type(config).__init__).parameters:
+    if hasattr(config, key) or key in _init_parameters(config):
         return True
     return any(isinstance(value, dict) and key in value for value in config.to_dict().values())
 
@@ -114,11 +119,7 @@ def _accepts(config: Any, key: str) -> bool:
 def _read_only(config: Any, key: str) -> bool:
     """A property without a setter that ``__init__`` does not take (Falcon's head_dim)."""
     attr = inspect.getattr_static(type(config), key, None)
-    return (
-        isinstance(attr, property)
-        and attr.fset is None
-        and key not in inspect.signature(type(config).__init__).parameters
-    )
+    return isinstance(attr, property) and attr.fset is None and key not in _init_parameters(config)
 
 
 def _tiny_changes(base: Any) -> dict[str, Any]:
