@@ -53,15 +53,16 @@ def run(family: str, knobs: list[str]) -> dict[str, Any]:
     text = done.stdout
     try:
         result = json.loads(text[text.index("{") :])
-    except ValueError:
+    except ValueError:  # no result written: the CLI's own one-line error
         error = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        outcome = "unknown" if "not a folder with config.json" in error else "error"
-        return {"outcome": outcome, "error": error[:300]}
+        return {"outcome": "error", "error": error[:300]}
     measurement = result.get("measurement") or {}
+    error = result.get("error") or ""
     return {
-        "outcome": result["outcome"],
+        # the workload's own error when this transformers has no such model type
+        "outcome": "unknown" if "nor a model type transformers" in error else result["outcome"],
         "model_changes": result.get("model_changes", []),
-        "error": (result.get("error") or "")[:300],
+        "error": error[:300],
         "peak_allocated_bytes": measurement.get("peak_allocated_bytes"),
         "step_time_ms": measurement.get("step_time_ms"),
     }

@@ -182,3 +182,13 @@ def test_pinned_compile_turns_the_cache_off_too(tmp_path: Path) -> None:
     model = pinned.compile(workload.model)
     assert model.config.use_cache is False
     workload.loss(model, workload.batch).backward()  # the op policy replays: no slice error
+
+
+def test_a_task_the_family_lacks_is_one_line() -> None:
+    from budgettune.errors import WorkloadError
+
+    with pytest.raises(WorkloadError) as caught:
+        load_workload("hf:gpt2", CPU, {**SHAPE, "task": "seq2seq-lm"})
+    message = str(caught.value)
+    assert "\n" not in message  # transformers' own message lists every config class below
+    assert message.startswith("hf:gpt2: no seq2seq-lm model for GPT2Config: ")

@@ -309,7 +309,9 @@ def build(
         with torch.device(device):
             model = model_class.from_config(config)
     except ValueError as exc:  # the Auto class has no model for this config and task
-        raise WorkloadError(f"hf:{source}: no {task} model for {type(config).__name__}: {exc}")
+        # transformers goes on to list every config class the Auto class takes: one line here
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WorkloadError(f"hf:{source}: no {task} model for {type(config).__name__}: {first}")
     model = model.to(device=device, dtype=DTYPES[dtype]).train()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the fp32 init's blocks must not count as reserved memory
