@@ -25,6 +25,7 @@ README_FILES = tuple(
     Path("benchmarks/results") / name
     for name in (
         "tuner-h200.jsonl",
+        "wall-h100.jsonl",
         "llama-grid-h200.jsonl",
         "llama-b8-h200.jsonl",
         "vit-grid-h200.jsonl",
@@ -237,7 +238,9 @@ def wall_table(records: list[dict[str, Any]]) -> str:
                 ""
                 if r.get("command_wall_s") is None
                 else f"; the command {r['command_wall_s']:.0f} s "
-                f"({r['command_wall_s'] / 60:.1f} min)"
+                f"({r['command_wall_s'] / 60:.1f} min"
+                + (f", {r['command_wall_note']}" if r.get("command_wall_note") else "")
+                + ")"
             ),
             target,
         ]

@@ -266,3 +266,8 @@ def test_wall_record_splits_trials_and_reverification_and_the_readme_renders_it(
     assert "1000 s (16.7 min); the command 1260 s (21.0 min) | <= 20 min: missed |" in (
         report.wall_table([slow])
     )
+    # a command time taken from elsewhere (the search's own timer) says so in its cell
+    noted = {**slow, "command_wall_note": "budgettune search's own timer"}
+    assert "the command 1260 s (21.0 min, budgettune search's own timer) |" in (
+        report.wall_table([noted])
+    )
