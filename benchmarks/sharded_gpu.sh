@@ -6,10 +6,12 @@
 # Then `show`, and the pin applied by load_pinned(...).compile on each rank of a torchrun
 # training job (benchmarks/sharded_pin_check.py), per-rank peak vs the pin's (target 2 %).
 # Everything lands in $OUT as it is written. Sized for under 9 minutes (each trial compiles:
-# ~40 s; 6 trials + 4 single re-measurements + the check).
-#   device tool: bash benchmarks/sharded_gpu.sh        (after the .whl install line)
+# ~40 s; 6 trials + 4 single re-measurements + the check). The limit and the batch fit a
+# two-GPU host of 80 GB cards as well as H200s (budget 1.0: 49.7 GB allocated per rank).
+#   device tool: bash benchmarks/sharded_gpu.sh        (.whl carried; installs it once)
 set -u
 export PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh || exit 1
 OUT=${OUT:-/tmp/out}
 TRIALS=${TRIALS:-6}
 mkdir -p "$OUT"

@@ -31,16 +31,7 @@ kept=$results/h200-tuner-2026-11-25
 state=/tmp/bt-tuner
 mkdir -p "$state"
 
-if [ ! -f "$state/installed" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    touch "$state/installed"
-fi
-# The device hosts set PYTHONDONTWRITEBYTECODE=1 and torch's install holds no .pyc files
-# (fresh_run_cost.sh): every trial process compiled torch's Python anew (~11 s of imports).
-# A normal install has its bytecode; give the processes here a bytecode cache in /tmp.
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
+source benchmarks/device_env.sh || exit 1
 
 running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 
@@ -73,8 +64,7 @@ if ! running; then
 #!/usr/bin/env bash
 # one limit after another; a limit with its pin is done
 cd "$PWD"
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
+source benchmarks/device_env.sh
 for limit in $*; do
     [ -f "$state/tuner-\$limit-pin.json" ] && continue
     if [ "\$limit" = B64 ]; then  # the B=64 grid points L5 is defined by (resumable)

@@ -21,15 +21,7 @@ shift
 state=/tmp/bt-wall
 mkdir -p "$state"
 
-if [ ! -f "$state/installed" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    touch "$state/installed"
-fi
-# a bytecode cache as a normal install has (the hosts set PYTHONDONTWRITEBYTECODE; see
-# tuner_gpu.sh and h200-fresh-run-cost-2026-11-25/)
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
+source benchmarks/device_env.sh || exit 1
 
 running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 
@@ -44,8 +36,7 @@ if ! running && ! grep -q "driver done" "$state/driver.log" 2>/dev/null; then
     {
         echo '#!/usr/bin/env bash'
         echo "cd \"$PWD\""
-        echo 'unset PYTHONDONTWRITEBYTECODE'
-        echo 'export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache'
+        echo 'source benchmarks/device_env.sh'
         echo 'one() {  # one search: $1 = its GPU list, $2 = its record name'
         echo '    local gpus=$1 name=$2 n study start'
         echo '    n=$(echo "$gpus" | tr , "\n" | wc -l)'
