@@ -11,3 +11,28 @@ if [ ! -f /tmp/site/.bt-installed ]; then
 fi
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
+
+# The searches outlive one 10-minute device command: a detached driver ($1/driver.sh, its log
+# $1/driver.log, its pid $1/pid) runs them, and each command waits for it a while.
+bt_running() { [ -f "$1/pid" ] && kill -0 "$(cat "$1/pid")" 2>/dev/null; }
+bt_start_driver() {  # $1: the state folder holding driver.sh
+    setsid nohup bash "$1/driver.sh" >> "$1/driver.log" 2>&1 < /dev/null &
+    echo $! > "$1/pid"
+    echo "driver started, pid $(cat "$1/pid")"
+}
+bt_wait_driver() {  # $1: the state folder; $2: seconds at most
+    local end=$((SECONDS + $2))
+    while bt_running "$1" && [ $SECONDS -lt "$end" ]; do sleep 5; done
+    if bt_running "$1"; then echo "driver still running"; else echo "driver not running"; fi
+}
+# A study database is in WAL mode: a plain copy misses what the WAL holds, so take a consistent
+# snapshot through SQLite's backup API (safe while the search writes). $1: source, $2: copy.
+bt_sqlite_copy() {
+    python3 - "$1" "$2" <<'PY'
+import sqlite3, sys
+src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
+src.backup(dst)
+dst.execute("PRAGMA journal_mode = DELETE")
+dst.close()
+PY
+}

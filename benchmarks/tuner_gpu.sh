@@ -33,7 +33,6 @@ mkdir -p "$state"
 
 source benchmarks/device_env.sh || exit 1
 
-running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 
 # The limits and the grid bests are this kept study's GPU model's figures: a host of another
 # model (an H100 lent for an H200) must not add trials to it.
@@ -44,7 +43,7 @@ if [ -n "$kept_gpu" ] && [ "$here" != "$kept_gpu" ]; then
     exit 3
 fi
 
-if ! running; then
+if ! bt_running "$state"; then
     if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
         cp "$kept/tuner.db" "$state/tuner.db"
         cp "$kept"/tuner-*-pin.json "$kept"/tuner-records.jsonl "$state/" 2>/dev/null
@@ -117,24 +116,12 @@ EOF
     if [ $pinned = yes ] && grep -q "driver done" "$state/driver.log" 2>/dev/null; then
         echo "all pinned"
     else
-        setsid nohup bash "$state/driver.sh" >> "$state/driver.log" 2>&1 < /dev/null &
-        echo $! > "$state/pid"
-        echo "driver started, pid $(cat "$state/pid")"
+        bt_start_driver "$state"
     fi
 fi
 
-end=$((SECONDS + wait_s))
-while running && [ $SECONDS -lt $end ]; do sleep 5; done
-running && echo "driver still running" || echo "driver not running"
-# The study database is in WAL mode: a plain copy of tuner.db misses what the WAL holds, so
-# take a consistent snapshot through SQLite's backup API (safe while the search writes).
-python3 - "$state/tuner.db" "$OUT/tuner.db" <<'PY'
-import sqlite3, sys
-src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
-src.backup(dst)
-dst.execute("PRAGMA journal_mode = DELETE")
-dst.close()
-PY
+bt_wait_driver "$state" "$wait_s"
+bt_sqlite_copy "$state/tuner.db" "$OUT/tuner.db"
 cat "$state/device.txt" budgettune-runs/*/workers/*.log "$state"/runs-*/*/workers/*.log \
     > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null

@@ -23,9 +23,7 @@ mkdir -p "$state"
 
 source benchmarks/device_env.sh || exit 1
 
-running() { [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
-
-if ! running && ! grep -q "driver done" "$state/driver.log" 2>/dev/null; then
+if ! bt_running "$state" && ! grep -q "driver done" "$state/driver.log" 2>/dev/null; then
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
         date
@@ -67,25 +65,13 @@ if ! running && ! grep -q "driver done" "$state/driver.log" 2>/dev/null; then
         done
         echo 'echo "== driver done"'
     } > "$state/driver.sh"
-    setsid nohup bash "$state/driver.sh" >> "$state/driver.log" 2>&1 < /dev/null &
-    echo $! > "$state/pid"
-    echo "driver started, pid $(cat "$state/pid")"
+    bt_start_driver "$state"
 fi
 
-end=$((SECONDS + wait_s))
-while running && [ $SECONDS -lt $end ]; do sleep 5; done
-running && echo "driver still running" || echo "driver not running"
-# the studies are in WAL mode: take consistent snapshots through SQLite's backup API
+bt_wait_driver "$state" "$wait_s"
 mkdir -p "$state/out"
 for db in "$state"/wall-*.db; do
-    [ -f "$db" ] || continue
-    python3 - "$db" "$state/out/$(basename "$db")" <<'PY'
-import sqlite3, sys
-src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
-src.backup(dst)
-dst.execute("PRAGMA journal_mode = DELETE")
-dst.close()
-PY
+    [ -f "$db" ] && bt_sqlite_copy "$db" "$state/out/$(basename "$db")"
 done
 cp "$state"/device.txt "$state"/driver.log "$state"/wall-*.txt "$state"/wall-*-pin.json \
     "$state"/wall-records.jsonl "$state/out/" 2>/dev/null
