@@ -33,7 +33,6 @@ mkdir -p "$state"
 
 source benchmarks/device_env.sh || exit 1
 
-
 # The limits and the grid bests are this kept study's GPU model's figures: a host of another
 # model (an H100 lent for an H200) must not add trials to it.
 here=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
