@@ -10,6 +10,19 @@ import pytest
 PG_SERVER = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=5"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal delivers it, whatever started the suite. Tests interrupt searches and
+    the dashboard with SIGINT and raise it in this process; a runner that starts pytest with
+    SIGINT ignored (a background job of a non-interactive shell, `(pytest &)`) passes that on to
+    every child, and those tests failed for that reason alone (seen here on 2026-11-25: the
+    interrupted search ran to its end, the dashboard had to be killed). An ignored disposition
+    is inherited across exec, a handler is not: restoring Python's default here fixes both."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty database on the real PostgreSQL server at 127.0.0.1:5432, dropped after."""
