@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # Issue 10's tuner searches on one GPU host, longer than one 10-minute device command.
 #
-#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [W] [B64 L5]   (device, .whl carried)
+#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [B64 L5]   (device, .whl carried)
 #
-# W is the wall-time figure: `budgettune search studies/llama-1b.toml` as written (its limit,
-# top-k and re-verification count), 20 trials, study wall-<N>gpu-<start>, pin tuner-W-pin.json,
-# in a runs folder of its own (cold compile caches), timed from its command's start; a driver
-# on a new machine starts W afresh (its figure is one uninterrupted search). B64 runs
+# (The wall-time figure, W, was a limit here until wall_gpu.sh took it over: `bash
+# benchmarks/wall_gpu.sh WAIT_S 0` is the same one-GPU search.) B64 runs
 # the reference set b64 (the B=64 grid points; L5 needs its full-AC point), appending to
 # llama-b64-h200.jsonl (resumable; copy what came back to benchmarks/results/).
 #
@@ -55,9 +53,6 @@ if ! bt_running "$state"; then
         python3 -c "import torch; print(torch.__version__)"
     } > "$state/device.txt" 2>&1
     gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
-    # W's figure is one uninterrupted search: a driver on a new machine starts a new study
-    ngpus=$(echo "$gpus" | tr ',' '\n' | wc -l)
-    wall_study=wall-${ngpus}gpu-$(date -u +%Y%m%dT%H%M)
     cat > "$state/driver.sh" <<EOF
 #!/usr/bin/env bash
 # one limit after another; a limit with its pin is done
@@ -73,7 +68,6 @@ for limit in $*; do
         continue
     fi
     study=\$(python3 -c "import sys; from benchmarks.tuner import study_name; print(study_name(sys.argv[1]))" "\$limit")
-    [ "\$limit" = W ] && study=$wall_study
     done_n=\$(python3 - "\$study" <<'PY'
 import sys, optuna
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -87,23 +81,11 @@ PY
 )
     left=\$((20 - done_n)); [ "\$left" -ge 0 ] || left=0  # 0: only re-verify and pin
     echo "== \$limit (\$study): \$done_n trials done, \$left to run, GPUs $gpus, \$(date -u +%FT%TZ)"
-    if [ "\$limit" = W ]; then  # the wall-time figure: studies/llama-1b.toml as written
-        # its own runs folder: cold compile caches, whatever ran on this machine before
-        w_start=\$(date +%s)
-        python3 -m budgettune.cli search studies/llama-1b.toml --trials "\$left" \\
-            --storage "sqlite:///$state/tuner.db" --study "\$study" \\
-            --runs-dir "$state/runs-\$study" \\
-            --output "$state/tuner-W-pin.json" --gpus "$gpus" &&
-        python3 -m benchmarks.tuner wall --storage "sqlite:///$state/tuner.db" \\
-            --pin "$state/tuner-W-pin.json" --gpus $ngpus \\
-            --command-wall-s \$((\$(date +%s) - w_start)) --out "$state/tuner-records.jsonl"
-    else
-        python3 -m benchmarks.tuner run "\$limit" \\
-            --grid $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \\
-                $results/vit-grid-h200.jsonl \$(ls "$state/llama-b64-h200.jsonl" 2>/dev/null) \\
-            --storage "sqlite:///$state/tuner.db" --pins "$state" \\
-            --out "$state/tuner-records.jsonl" --trials "\$left" --reverify 5 --gpus "$gpus"
-    fi
+    python3 -m benchmarks.tuner run "\$limit" \\
+        --grid $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \\
+            $results/vit-grid-h200.jsonl \$(ls "$state/llama-b64-h200.jsonl" 2>/dev/null) \\
+        --storage "sqlite:///$state/tuner.db" --pins "$state" \\
+        --out "$state/tuner-records.jsonl" --trials "\$left" --reverify 5 --gpus "$gpus"
     echo "== \$limit: exit \$? \$(date -u +%FT%TZ)"
 done
 echo "== driver done"
