@@ -22,6 +22,7 @@
 # trial cut off mid-run is failed and retried by the search; re-verification runs already
 # stored count, so only the missing ones run.
 set -uo pipefail
+[ $# -ge 2 ] && [ "$1" -ge 0 ] 2>/dev/null || { echo "usage: bash benchmarks/tuner_gpu.sh WAIT_S LIMIT... (e.g. 540 B64 L5 L4 L3 V)" >&2; exit 2; }
 wait_s=$1
 shift
 results=benchmarks/results

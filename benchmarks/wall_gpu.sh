@@ -16,6 +16,7 @@
 # the records. Make the next call at once: the driver lives only while the machine is held. A
 # figure is one uninterrupted search, so a driver on a new machine starts its phases afresh.
 set -uo pipefail
+[ $# -ge 2 ] && [ "$1" -ge 0 ] 2>/dev/null || { echo "usage: bash benchmarks/wall_gpu.sh WAIT_S PHASE... (e.g. 555 0,1 0/1)" >&2; exit 2; }
 wait_s=$1
 shift
 state=/tmp/bt-wall
