@@ -8,6 +8,7 @@ workload is tests/fixtures/rank_faults.py, whose rank 1 can exit or run out of m
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -94,7 +95,8 @@ def test_sharded_search_pins_and_the_pin_reproduces_under_torchrun(tmp_path: Pat
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert show.returncode == 0, show.stderr
-    assert "per rank" in show.stdout and "2 ranks per trial" in show.stdout
+    assert re.search(r"ranks \d+\.\d+, \d+\.\d+ [MG]B;", show.stdout), show.stdout
+    assert "2 ranks per trial" in show.stdout
 
     check = tmp_path / "check.json"
     job = subprocess.run(

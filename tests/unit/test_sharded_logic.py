@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from dataclasses import replace
@@ -243,3 +244,53 @@ def test_dashboard_note_and_points_show_ranks_and_op_sac() -> None:
     note = study_note(study_name="s", search={}, points=[point], num_failed=0, pin=pin)
     assert "slowdown vs torchtitan op SAC | -1.7%" in note
     assert "| world size | 2 ranks, fsdp2 |" in note and "| rank 1 | peak 40.00 GB" in note
+
+
+def test_show_keeps_the_config_and_each_ranks_peak_in_80_columns() -> None:
+    """The first two-GPU `show` (a file, 80 columns) cut the step times and lost the config
+    column to a per-rank column; each rank's peak now leads the config cell, which wraps."""
+    from rich.console import Console
+
+    from budgettune.present.report import StudyReport, TrialRow
+    from budgettune.present.tables import study_tables
+
+    rows = tuple(
+        TrialRow(
+            number=n,
+            state="COMPLETE",
+            outcome="ok",
+            baseline=label,
+            config=config,
+            peak_bytes=max(p for p in peaks if p),
+            step_time_ms=ms,
+            slowdown=0.05 * n,
+            peak_phase="backward",
+            feasible=True,
+            error="",
+            rank_peaks=peaks,
+            rank_step_ms=(ms, ms - 1),
+            slowdown_vs_full_ac=-0.1,
+        )  # fmt: skip
+        for n, label, config, peaks, ms in (
+            (
+                0,
+                "unconstrained",
+                "budget 1.00, optimizer as_written",
+                (49_690_000_000, 49_680_000_000),
+                290.79,
+            ),
+            (1, "", "budget 0.50, optimizer as_written", (39_990_000_000, None), 305.32),
+        )  # fmt: skip
+    )
+    report = StudyReport(
+        study_name="s", workload="builtin:llama", limit_bytes=42_000_000_000,
+        mem_metric="allocated", margin=0.02, baseline_status="over_limit", rows=rows,
+        best=None, pareto=(), pin=None, advice="", world_size=2,
+    )  # fmt: skip
+    out = io.StringIO()  # as `show` prints into a file or a pipe: 80 columns, soft wrap
+    Console(width=80, soft_wrap=True, markup=False, file=out).print(study_tables(report)[0])
+    text = out.getvalue()
+    assert "290.8" in text and "305.3" in text  # the step times whole, not "290…"
+    assert "ranks 49.69, 49.68" in text and "ranks 39.99, -" in text
+    assert "[unconstrained] budget" in text and "optimizer" in text
+    assert "2 ranks per trial" in text

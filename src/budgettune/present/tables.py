@@ -151,11 +151,11 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
     if sharded:
         trials.caption = (trials.caption or "") + (
             f"; {report.world_size} ranks per trial: peak is the largest rank's, ms the "
-            "slowest's; per rank: each rank's peak"
+            "slowest's; each rank's peak leads the config"
         )
-    for column in (
-        columns + (["vs AC"] if with_ac else []) + (["per rank"] if sharded else []) + ["peak in"]
-    ):
+    # Each rank's peak goes into the config cell, which wraps: a column of its own pushed the
+    # config out of an 80-column table (seen in the first two-GPU `show`).
+    for column in columns + (["vs AC"] if with_ac else []) + ["peak in"]:
         trials.add_column(column, no_wrap=True)
     trials.add_column("config", overflow="fold", ratio=1, min_width=24)
 
@@ -174,9 +174,16 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
         trials.add_row(
             *cells,
             *([percent(row.slowdown_vs_full_ac)] if with_ac else []),
-            *([" ".join(size(p) for p in row.rank_peaks) or "-"] if sharded else []),
             {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}.get(row.peak_phase, "-"),
-            Text((f"[{row.baseline}] " if row.baseline else "") + (row.config or row.error)),
+            Text(
+                (
+                    f"ranks {', '.join(size(p) for p in row.rank_peaks)} {unit}; "
+                    if row.rank_peaks
+                    else ""
+                )
+                + (f"[{row.baseline}] " if row.baseline else "")
+                + (row.config or row.error)
+            ),
         )
     pareto = Table(title="Pareto front (peak vs step time)")
     for column in ("#", f"peak {metric} {unit}", "step ms", "config"):
