@@ -273,3 +273,31 @@ def test_parse_pin_rejects_other_schema_and_bad_spec() -> None:
         parse_pin({"schema_version": 1, "spec": {"activation_memory_budget": 3}})
     with pytest.raises(PinnedConfigError, match="JSON object"):
         parse_pin([1, 2])
+
+
+@pytest.mark.parametrize(
+    ("metric", "shown", "hidden"),
+    [
+        ("allocated", "13.11 GB (12.21 GiB) allocated", "14.05"),
+        ("device", "14.05 GB (13.09 GiB)", "13.11"),
+    ],
+)
+def test_the_progress_line_shows_the_peak_the_limit_is_on(metric, shown, hidden) -> None:
+    """The first two-GPU search (limit on the allocated peak) printed each trial's device peak:
+    "trial 2: ok 47.22 GB" under a 42 GB limit that it fitted (39.99 GB allocated)."""
+    from storage_samples import ok_result
+
+    from budgettune.cli.app import stderr
+    from budgettune.cli.progress import SearchProgress
+    from budgettune.search.study import TrialEvent
+
+    event = TrialEvent(
+        number=2, done=1, total=6, spec=TrialSpec(activation_memory_budget=0.5),
+        result=ok_result(), best_ms=62.9, fits=True, mem_metric=metric,
+    )  # fmt: skip
+    with stderr.capture() as captured, SearchProgress() as progress:
+        progress.started("s", 6)
+        progress.trial_done(event)
+    line = next(x for x in captured.get().splitlines() if x.startswith("trial 2:"))
+    assert line.startswith(f"trial 2: ok {shown}, 62.9 ms budget 0.50"), line
+    assert hidden not in line

@@ -53,8 +53,11 @@ class SearchProgress:
         from budgettune.units import format_bytes
 
         m = event.result.measurement
+        # the peak the limit is on: a device peak beside an "allocated" limit read as over it
+        metric = event.mem_metric
         figures = (
-            f"{format_bytes(m.peak_device_bytes)}, {m.step_time_ms:.1f} ms"
+            f"{format_bytes(m.peak_bytes(metric))}"
+            f"{'' if metric == 'device' else ' ' + metric}, {m.step_time_ms:.1f} ms"
             if m is not None
             else ""
         )

@@ -262,6 +262,7 @@ class Searcher:
                 result=result,
                 best_ms=self.best_feasible_ms(),
                 fits=fits,
+                mem_metric=self.search.mem_metric,
             )
         )
 

@@ -51,6 +51,8 @@ class TrialEvent:
     """Fastest feasible step time so far in the study."""
     fits: bool | None = None
     """Whether it fits the limit with the margin; None when it did not finish (crash, timeout)."""
+    mem_metric: str = "device"
+    """The metric the limit is on: the peak the progress line shows."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
