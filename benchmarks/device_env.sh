@@ -15,6 +15,8 @@ export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 # The searches outlive one 10-minute device command: a detached driver ($1/driver.sh, its log
 # $1/driver.log, its pid $1/pid) runs them, and each command waits for it a while.
 bt_running() { [ -f "$1/pid" ] && kill -0 "$(cat "$1/pid")" 2>/dev/null; }
+# No driver running and none finished on this machine: the call must start one.
+bt_needs_driver() { ! bt_running "$1" && ! grep -q "driver done" "$1/driver.log" 2>/dev/null; }
 bt_start_driver() {  # $1: the state folder holding driver.sh
     setsid nohup bash "$1/driver.sh" >> "$1/driver.log" 2>&1 < /dev/null &
     echo $! > "$1/pid"

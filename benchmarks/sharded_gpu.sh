@@ -23,7 +23,7 @@ mkdir -p "$state/out"
 
 source benchmarks/device_env.sh || exit 1
 
-if ! bt_running "$state" && ! grep -q "driver done" "$state/driver.log" 2>/dev/null; then
+if bt_needs_driver "$state"; then
     { date -u +%FT%TZ; nvidia-smi; python3 -c "import torch; print('torch', torch.__version__)"; nproc; } \
         > "$state/out/device.txt" 2>&1
     cat > "$state/driver.sh" <<EOF

@@ -24,7 +24,7 @@ mkdir -p "$state"
 
 source benchmarks/device_env.sh || exit 1
 
-if ! bt_running "$state" && ! grep -q "driver done" "$state/driver.log" 2>/dev/null; then
+if bt_needs_driver "$state"; then
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
         date

@@ -270,7 +270,7 @@ def test_show_keeps_the_config_and_each_ranks_peak_in_80_columns() -> None:
             rank_peaks=peaks,
             rank_step_ms=(ms, ms - 1),
             slowdown_vs_full_ac=-0.1,
-        )  # fmt: skip
+        )
         for n, label, config, peaks, ms in (
             (
                 0,
@@ -280,7 +280,7 @@ def test_show_keeps_the_config_and_each_ranks_peak_in_80_columns() -> None:
                 290.79,
             ),
             (1, "", "budget 0.50, optimizer as_written", (39_990_000_000, None), 305.32),
-        )  # fmt: skip
+        )
     )
     report = StudyReport(
         study_name="s", workload="builtin:llama", limit_bytes=42_000_000_000,
