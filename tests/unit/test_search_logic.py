@@ -120,7 +120,7 @@ def test_parse_fixed() -> None:
         parse_fixed(["dp"])
 
 
-def test_baselines_are_unconstrained_then_full_ac_then_half_budget() -> None:
+def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> None:
     search = build_search_spec(
         {"max_mem": "1GB", "fix": {"optimizer_impl": "fused"}}, default_device="cpu"
     )
@@ -132,6 +132,14 @@ def test_baselines_are_unconstrained_then_full_ac_then_half_budget() -> None:
         ("unconstrained", 1.0, 0, "fused"),
         ("block-ac-every-1", 1.0, 1, "fused"),
         ("budget-0.5", 0.5, 0, "fused"),
+        ("budget-0.8", 0.8, 0, "fused"),
+    ]
+    # a short study keeps its trials for the sampler: no high-budget opening point
+    few = build_search_spec({"max_mem": "1GB", "trials": 9}, default_device="cpu")
+    assert [label for label, _ in baseline_specs(few)] == [
+        "unconstrained",
+        "block-ac-every-1",
+        "budget-0.5",
     ]
 
 
