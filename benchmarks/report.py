@@ -25,6 +25,7 @@ README_FILES = tuple(
     Path("benchmarks/results") / name
     for name in (
         "tuner-h200.jsonl",
+        "wall-h200.jsonl",
         "wall-h100.jsonl",
         "llama-grid-h200.jsonl",
         "llama-b8-h200.jsonl",
@@ -126,6 +127,7 @@ TUNER_COLUMNS = (
     "pin vs grid best",
     "to within 2% of grid best",
     "total wall",
+    "GPUs",
     "trials",
 )
 
@@ -201,6 +203,7 @@ def tuner_table(records: list[dict[str, Any]]) -> str:
             pct(r["vs_grid_best"]),
             reached,
             wall,
+            "-" if r.get("gpus") is None else str(r["gpus"]),
             str(r["trials"]),
         ]
         out.append("| " + " | ".join(cells) + " |")

@@ -17,7 +17,8 @@ budget 1.0, optimizer as written; for L4, whose optimizer is fixed, fused AdamW 
 for L5, where budget 1.0 does not fit, full block AC), whether the target is met, the best grid
 configuration under the same limit, the trials and wall time until a feasible trial came within
 2 % of that grid best (None: never), and the search's total wall time (first trial start to the
-pin; ``active_wall_s``, added by hand, when the search was cut into several device commands).
+pin; ``active_wall_s``, added by hand, when the search was cut into several device commands)
+and the GPUs it ran on (``gpus``; added by hand to the records from before the field).
 ``report.py`` renders these records as the README's tuner table.
 """
 
@@ -89,11 +90,26 @@ peak and its search ended with exit 3, and L4's (16.22 GB) under the grid's best
 ``tuner-L4``). L1 was searched with 2 % (its pin lies 2.5 GB under its limit)."""
 
 
+SEARCHED_AGAIN = {"L4": "hb"}
+"""Limits searched a second time, in a study of their own (its name and pin file take this
+suffix; the first study stays in the database): L4's first search (``tuner-L4-m0``) opened
+without the high-budget point that `budgettune.search.study.baseline_specs` now adds and pinned
+7 % behind the grid's best; ``hb`` is the search with it."""
+
+
 def study_name(name: str) -> str:
     """The study of a limit's search: ``tuner-L1``, or ``tuner-L2-m0`` when its margin is not
-    the study file's 2 % (the 2 % searches keep their names)."""
+    the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-hb`` for a limit
+    searched again (`SEARCHED_AGAIN`)."""
     margin = MARGINS.get(name, 0.0)
-    return f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}")
+    again = f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
+    return f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}") + again
+
+
+def pin_file(name: str) -> str:
+    """The file name of a limit's pin: ``tuner-L1-pin.json``, ``tuner-L4-hb-pin.json``."""
+    again = f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
+    return f"tuner-{name}{again}-pin.json"
 
 
 def _measured(records: Sequence[dict[str, Any]], label: str) -> dict[str, Any] | None:
@@ -258,12 +274,14 @@ def record(
     baseline_label: str | None = None,
     max_slowdown: float | None = None,
     workload: str = "builtin:llama",
+    gpus: int | None = None,
 ) -> dict[str, Any]:
     """The per-limit record of a finished search (see the module docstring).
 
     Args:
         baseline_label: the grid baseline of the target (default: the user's, as written).
         max_slowdown: the target on the pin's slowdown against it (None: no target).
+        gpus: the GPUs the search ran its trials on (None: not known).
     """
     baseline_label = baseline_label or BASELINE_LABEL.get(batch)
     limit = float(pin["limit_bytes"])
@@ -332,6 +350,7 @@ def record(
         "vs_grid_best": None if best_point is None else pin_ms / best_point["step_time_ms"] - 1,
         "within_2pct": None if within is None else {"trials": within[0], "wall_s": within[1]},
         "total_wall_s": None if first is None else (created - first).total_seconds(),
+        "gpus": gpus,
         "device": pin["fingerprint"]["device_name"],
         "torch_version": pin["fingerprint"]["torch_version"],
         "date": pin["created_at"],
@@ -489,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.limit}: its grid point is not measured yet; run the grid first"
             )
         limit = known[args.limit]
-        pin = args.pins / f"tuner-{limit.name}-pin.json"
+        pin = args.pins / pin_file(limit.name)
         command = search_command(
             limit, storage=args.storage, pin=pin, trials=args.trials, reverify=args.reverify,
             gpus=args.gpus,
@@ -503,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             name=limit.name, trials=trials, pin=json.loads(pin.read_text()), grid=grid,
             batch=limit.batch, optimizer=limit.fixed_optimizer, baseline_label=limit.baseline,
             max_slowdown=limit.max_slowdown, workload=limit.workload,
+            gpus=len(args.gpus.split(",")) if args.gpus else 1,
         )  # fmt: skip
         _append(args.out, row)
         print(json.dumps(row, indent=1))

@@ -130,8 +130,8 @@ def test_record_of_a_search() -> None:
         "fingerprint": {"device_name": "NVIDIA H200", "torch_version": "2.11.0+cu130"},
     }
     trials = [_trial(0, 0, 40, 77.0), _trial(1, 40, 90, 68.5)]
-    row = _tuner().record(name="L1", trials=trials, pin=pin, grid=GRID, max_slowdown=-0.10)
-    assert row["grid_best"]["label"] == "fused-budget-0.7"
+    row = _tuner().record(name="L1", trials=trials, pin=pin, grid=GRID, max_slowdown=-0.10, gpus=4)
+    assert row["grid_best"]["label"] == "fused-budget-0.7" and row["gpus"] == 4
     assert row["baseline"]["label"] == "budget-1.0"
     assert row["vs_baseline"] == pytest.approx(68.0 / 77.0 - 1)
     assert row["target_met"] is True  # 11.7 % faster, under the limit
@@ -154,7 +154,7 @@ def test_record_of_a_search() -> None:
         "| 15.61 (5) | 68.0 | -11.7% vs budget-1.0 | <= -10%: met | "
         "fused-budget-0.7 (15.60 GB, 67.8 ms) | +0.3% |"
     ) in text
-    assert "| 2 trials, 90 s | 300 s | 2 |" in text
+    assert "| 2 trials, 90 s | 300 s | 4 | 2 |" in text
     # with the search's own re-measured baseline, the target is judged on that one
     own = {**pin, "baseline": {"slowdown": -0.125, "runs": 5}}
     strict = _tuner().record(name="L1", trials=trials, pin=own, grid=GRID, max_slowdown=-0.12)
@@ -163,7 +163,7 @@ def test_record_of_a_search() -> None:
     strict["date"], strict["active_wall_s"] = pin["created_at"], 250.0
     text = report.tuner_table([strict])
     assert "| -12.5% (5 runs in the study); grid: -11.7% vs budget-1.0 | <= -12%: met |" in text
-    assert "| 300 s (250 s running) |" in text
+    assert "| 300 s (250 s running) | - |" in text  # GPUs not known
     # L5's baseline is full block AC: its own re-measurement is the pin's full_ac
     l5 = {**pin, "baseline": None, "full_ac": {"slowdown": -0.2, "runs": 5}}
     row5 = _tuner().record(
