@@ -134,13 +134,19 @@ def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> N
         ("budget-0.5", 0.5, 0, "fused"),
         ("budget-0.8", 0.8, 0, "fused"),
     ]
-    # a short study keeps its trials for the sampler: no high-budget opening point
-    few = build_search_spec({"max_mem": "1GB", "trials": 9}, default_device="cpu")
-    assert [label for label, _ in baseline_specs(few)] == [
-        "unconstrained",
-        "block-ac-every-1",
-        "budget-0.5",
-    ]
+    # no high-budget opening point in a short study (its trials are the sampler's), nor
+    # where the user fixed the budget or narrowed its range below 0.8
+    for options in (
+        {"trials": 9},
+        {"fix": {"activation_memory_budget": 0.6}},
+        {"space": {"budget": [0.2, 0.6]}},
+    ):
+        few = build_search_spec({"max_mem": "1GB", **options}, default_device="cpu")
+        assert [label for label, _ in baseline_specs(few)] == [
+            "unconstrained",
+            "block-ac-every-1",
+            "budget-0.5",
+        ], options
 
 
 def test_numerics_mismatch_is_flagged_with_dtype_aware_tolerance() -> None:

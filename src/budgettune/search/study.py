@@ -151,7 +151,12 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
         (FULL_AC, base.replace(block_ac_every=1)),
         ("budget-0.5", base.replace(activation_memory_budget=0.5)),
     ]
-    if search.num_trials >= HIGH_BUDGET_MIN_TRIALS:
+    space = search.space
+    if (
+        search.num_trials >= HIGH_BUDGET_MIN_TRIALS
+        and "activation_memory_budget" not in fixed
+        and space.budget_low <= 0.8 <= space.budget_high
+    ):  # a probe of the searched range: not where the user fixed or narrowed the budget
         specs.append(("budget-0.8", base.replace(activation_memory_budget=0.8)))
     if search.is_sharded:
         # What sharded training stacks hand-set (torchtitan's selective "op" AC, compiled):
