@@ -17,6 +17,10 @@ export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 bt_running() { [ -f "$1/pid" ] && kill -0 "$(cat "$1/pid")" 2>/dev/null; }
 # No driver running and none finished on this machine: the call must start one.
 bt_needs_driver() { ! bt_running "$1" && ! grep -q "driver done" "$1/driver.log" 2>/dev/null; }
+# The pin file of one of tuner_gpu.sh's limits (benchmarks/tuner.py pin_file). $1: the limit.
+bt_pin_file() {
+    python3 -c "import sys; from benchmarks.tuner import pin_file; print(pin_file(sys.argv[1]))" "$1"
+}
 bt_start_driver() {  # $1: the state folder holding driver.sh
     setsid nohup bash "$1/driver.sh" >> "$1/driver.log" 2>&1 < /dev/null &
     echo $! > "$1/pid"

@@ -97,19 +97,22 @@ without the high-budget point that `budgettune.search.study.baseline_specs` now 
 7 % behind the grid's best; ``hb`` is the search with it."""
 
 
+def _again(name: str) -> str:
+    """The suffix of a limit searched again (`SEARCHED_AGAIN`): ``-hb``, or empty."""
+    return f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
+
+
 def study_name(name: str) -> str:
     """The study of a limit's search: ``tuner-L1``, or ``tuner-L2-m0`` when its margin is not
     the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-hb`` for a limit
     searched again (`SEARCHED_AGAIN`)."""
     margin = MARGINS.get(name, 0.0)
-    again = f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
-    return f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}") + again
+    return f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}") + _again(name)
 
 
 def pin_file(name: str) -> str:
     """The file name of a limit's pin: ``tuner-L1-pin.json``, ``tuner-L4-hb-pin.json``."""
-    again = f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
-    return f"tuner-{name}{again}-pin.json"
+    return f"tuner-{name}{_again(name)}-pin.json"
 
 
 def _measured(records: Sequence[dict[str, Any]], label: str) -> dict[str, Any] | None:

@@ -60,8 +60,7 @@ if ! bt_running "$state"; then
 cd "$PWD"
 source benchmarks/device_env.sh
 for limit in $*; do
-    pin=\$(python3 -c "import sys; from benchmarks.tuner import pin_file; print(pin_file(sys.argv[1]))" "\$limit")
-    [ -f "$state/\$pin" ] && continue
+    [ -f "$state/\$(bt_pin_file "\$limit")" ] && continue
     if [ "\$limit" = B64 ]; then  # the B=64 grid points L5 is defined by (resumable)
         echo "== B64: the reference set b64, GPUs $gpus, \$(date -u +%FT%TZ)"
         python3 -m benchmarks.reference --set b64 --out "$state/llama-b64-h200.jsonl" \\
@@ -94,7 +93,7 @@ echo "== driver done"
 EOF
     pinned=yes
     for limit in "$@"; do
-        [ "$limit" = B64 ] || [ -f "$state/$(python3 -c "import sys; from benchmarks.tuner import pin_file; print(pin_file(sys.argv[1]))" "$limit")" ] || pinned=no
+        [ "$limit" = B64 ] || [ -f "$state/$(bt_pin_file "$limit")" ] || pinned=no
     done
     if [ $pinned = yes ] && grep -q "driver done" "$state/driver.log" 2>/dev/null; then
         echo "all pinned"
