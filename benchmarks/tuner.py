@@ -90,15 +90,18 @@ peak and its search ended with exit 3, and L4's (16.22 GB) under the grid's best
 ``tuner-L4``). L1 was searched with 2 % (its pin lies 2.5 GB under its limit)."""
 
 
-SEARCHED_AGAIN = {"L4": "hb"}
+SEARCHED_AGAIN = {"L4": "hb", "L5": "lean"}
 """Limits searched a second time, in a study of their own (its name and pin file take this
 suffix; the first study stays in the database): L4's first search (``tuner-L4-m0``) opened
 without the high-budget point that `budgettune.search.study.baseline_specs` now adds and pinned
-7 % behind the grid's best; ``hb`` is the search with it."""
+7 % behind the grid's best; ``hb`` is the search with it (fused AdamW, L4's fixed optimizer,
+default allocator). L5's first search (``tuner-L5-m0``) opened without it too and pinned 2.6 %
+behind; ``lean`` is the search whose budget-0.8 point takes the searched knobs' leanest
+values (fused AdamW, expandable segments)."""
 
 
 def _again(name: str) -> str:
-    """The suffix of a limit searched again (`SEARCHED_AGAIN`): ``-hb``, or empty."""
+    """The suffix of a limit searched again (`SEARCHED_AGAIN`): ``-hb``, ``-lean``, or empty."""
     return f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
 
 

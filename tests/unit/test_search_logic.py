@@ -134,6 +134,26 @@ def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> N
         ("budget-0.5", 0.5, 0, "fused"),
         ("budget-0.8", 0.8, 0, "fused"),
     ]
+    # the probe takes the leanest values of the searched knobs that cost no step time: fused
+    # AdamW and expandable segments where searched, the user's fixed values otherwise
+    probe = dict(baseline_specs(search))["budget-0.8"]
+    assert (probe.optimizer_impl, probe.cuda_alloc_conf) == ("fused", "")  # CPU: one alloc conf
+    for options, wanted in (
+        ({}, ("fused", "expandable_segments:True")),
+        ({"fix": {"cuda_alloc_conf": ""}}, ("fused", "")),
+        ({"fix": {"optimizer_impl": "as_written"}}, ("as_written", "expandable_segments:True")),
+        (
+            {"space": {"optimizer_impls": ["as_written", "foreach"]}},
+            ("as_written", "expandable_segments:True"),
+        ),
+    ):
+        gpu = build_search_spec({"max_mem": "1GB", **options}, default_device="cuda")
+        specs = dict(baseline_specs(gpu))
+        probe = specs["budget-0.8"]
+        assert (probe.optimizer_impl, probe.cuda_alloc_conf) == wanted, options
+        # the reference runs stay as the user wrote them
+        unconstrained = specs["unconstrained"]
+        assert (unconstrained.activation_memory_budget, unconstrained.cuda_alloc_conf) == (1.0, "")
     # no high-budget opening point in a short study (its trials are the sampler's), nor
     # where the user fixed the budget or narrowed its range below 0.8
     for options in (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.trial.ranks import memory_split, per_rank_figures
 from budgettune.trial.results import TrialResult, write_json_atomically
-from budgettune.trial.spec import TrialSpec
+from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
 if TYPE_CHECKING:
     from budgettune.search.spec import SearchSpec
@@ -71,7 +71,7 @@ def allocator_advice(
     Only for the ``reserved`` and ``device`` metrics (the allocated peak has no such gap) and
     only when expandable segments are not already on.
     """
-    if mem_metric == "allocated" or "expandable_segments:True" in alloc_conf:
+    if mem_metric == "allocated" or EXPANDABLE in alloc_conf:
         return ""
     gap = peak_reserved_bytes - peak_allocated_bytes
     if peak_allocated_bytes <= 0 or gap <= RESERVED_GAP_FRACTION * peak_allocated_bytes:

@@ -17,6 +17,7 @@ from budgettune.errors import SpecError, UsageError
 from budgettune.trial.spec import (
     BLOCK_AC_POLICIES,
     COMPILE_MODES,
+    EXPANDABLE,
     KNAPSACK_SOLVERS,
     OPTIMIZER_IMPLS,
     RUNTIME_ESTIMATORS,
@@ -141,7 +142,7 @@ class SearchSpace:
             base = dict(
                 addable_ops=DEFAULT_ADDABLE_OPS_CUDA,
                 compile_modes=("default",),
-                cuda_alloc_confs=("", "expandable_segments:True"),
+                cuda_alloc_confs=("", EXPANDABLE),
             )
         else:
             base = dict(addable_ops=DEFAULT_ADDABLE_OPS_CPU, cuda_alloc_confs=("",))

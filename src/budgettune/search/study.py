@@ -16,7 +16,7 @@ import optuna
 from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
 from budgettune.trial.results import RankFigures, TrialResult
-from budgettune.trial.spec import TrialSpec
+from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
 SEARCH_ATTR = "search"
 """Study user attr: what must stay the same when the study is resumed (`study_attrs`)."""
@@ -127,7 +127,8 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
 
     ``unconstrained`` (compile at budget 1.0, optimizer as written unless fixed) is the
     reference for slowdown and numerics; block AC every 1 and budget 0.5 are the usual hand
-    picks. A study of at least `HIGH_BUDGET_MIN_TRIALS` trials also opens with budget 0.8:
+    picks. A study of at least `HIGH_BUDGET_MIN_TRIALS` trials also opens with budget 0.8,
+    at the searched knobs' leanest settings (`_leanest`):
     the budget->peak map is not monotone, and 0.5 is often the worse of the two on memory
     *and* time, so when 1.0 and 0.5 both miss the limit the sampler would otherwise take the
     whole high-budget range for infeasible. Measured on one H200 (torch 2.11,
@@ -157,12 +158,31 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
         and "activation_memory_budget" not in fixed
         and space.budget_low <= 0.8 <= space.budget_high
     ):  # a probe of the searched range: not where the user fixed or narrowed the budget
-        specs.append(("budget-0.8", base.replace(activation_memory_budget=0.8)))
+        specs.append(
+            ("budget-0.8", base.replace(activation_memory_budget=0.8, **_leanest(search)))
+        )
     if search.is_sharded:
         # What sharded training stacks hand-set (torchtitan's selective "op" AC, compiled):
         # the pin reports its slowdown against it, measured the same way in the same study.
         specs.append((OP_SAC, base.replace(block_ac_every=1, block_ac_policy="op")))
     return specs
+
+
+def _leanest(search: SearchSpec) -> dict[str, str]:
+    """The least-memory values of the searched knobs that cost no step time, for the
+    high-budget probe: fused AdamW (no foreach temporaries) and expandable segments (no
+    fragmentation), each where the space searches it. An infeasible probe then says the
+    high-budget range does not fit, not that the allocator fragmented: Llama-1B at B=64 on an
+    H200, fused budget 0.7 peaked at 126.93 GB without expandable segments and 115.61 GB with
+    them (962.6 against 964.2 ms, ``llama-b64-h200.jsonl``); the L5 search that sampled 0.81
+    without them only (over its 120 GB) never went back to the range, and pinned 2.6 % behind.
+    """
+    space, lean = search.space, {}
+    if "optimizer_impl" not in space.fixed and "fused" in space.optimizer_impls:
+        lean["optimizer_impl"] = "fused"
+    if "cuda_alloc_conf" not in space.fixed and EXPANDABLE in space.cuda_alloc_confs:
+        lean["cuda_alloc_conf"] = EXPANDABLE
+    return lean
 
 
 def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:

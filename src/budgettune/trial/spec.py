@@ -27,6 +27,8 @@ COMPILE_MODES = (
 COMPILE_BACKENDS = ("inductor", "aot_eager_decomp_partition")
 BLOCK_AC_POLICIES = ("full", "op")
 OPTIMIZER_IMPLS = ("as_written", "foreach", "fused")
+EXPANDABLE = "expandable_segments:True"
+"""The ``cuda_alloc_conf`` that ends the caching allocator's fragmentation (CUDA)."""
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+(,\d+)*)?)$")
 """``cpu``, ``cuda``, ``cuda:N`` or a GPU group ``cuda:0,1`` (one GPU per rank)."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
