@@ -90,31 +90,32 @@ peak and its search ended with exit 3, and L4's (16.22 GB) under the grid's best
 ``tuner-L4``). L1 was searched with 2 % (its pin lies 2.5 GB under its limit)."""
 
 
-SEARCHED_AGAIN = {"L4": "hb", "L5": "lean"}
-"""Limits searched a second time, in a study of their own (its name and pin file take this
-suffix; the first study stays in the database): L4's first search (``tuner-L4-m0``) opened
-without the high-budget point that `budgettune.search.study.baseline_specs` now adds and pinned
-7 % behind the grid's best; ``hb`` is the search with it (fused AdamW, L4's fixed optimizer,
-default allocator). L5's first search (``tuner-L5-m0``) opened without it too and pinned 2.6 %
-behind; ``lean`` is the search whose budget-0.8 point takes the searched knobs' leanest
-values (fused AdamW, expandable segments)."""
+SEARCHED_AGAIN = {"L4": "lean", "L5": "lean"}
+"""Limits searched again, in a study of their own (its name and pin file take this suffix; the
+earlier studies stay in the database). The first searches of L4 and L5 (``tuner-L4-m0``,
+``tuner-L5-m0``) opened without the high-budget point that
+`budgettune.search.study.baseline_specs` now adds and pinned 7.2 % and 2.6 % behind the grid's
+best. L4 was searched a second time with that point as first added (``-hb``: the budget alone,
+fused AdamW being L4's fixed optimizer; 2026-11-26); ``lean`` is the search whose budget-0.8
+point also takes the searched knobs' leanest values (fused AdamW, expandable segments), as
+the opening now does."""
 
 
 def _again(name: str) -> str:
-    """The suffix of a limit searched again (`SEARCHED_AGAIN`): ``-hb``, ``-lean``, or empty."""
+    """The suffix of a limit searched again (`SEARCHED_AGAIN`): ``-lean``, or empty."""
     return f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
 
 
 def study_name(name: str) -> str:
     """The study of a limit's search: ``tuner-L1``, or ``tuner-L2-m0`` when its margin is not
-    the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-hb`` for a limit
+    the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-lean`` for a limit
     searched again (`SEARCHED_AGAIN`)."""
     margin = MARGINS.get(name, 0.0)
     return f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}") + _again(name)
 
 
 def pin_file(name: str) -> str:
-    """The file name of a limit's pin: ``tuner-L1-pin.json``, ``tuner-L4-hb-pin.json``."""
+    """The file name of a limit's pin: ``tuner-L1-pin.json``, ``tuner-L4-lean-pin.json``."""
     return f"tuner-{name}{_again(name)}-pin.json"
 
 

@@ -192,7 +192,7 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
     )
     assert "--fix optimizer_impl=fused" in l4 and "batch_size" not in l4
     # a limit searched again gets a study and a pin of its own; the first study stays
-    assert "--study tuner-L4-m0-hb " in l4
+    assert "--study tuner-L4-m0-lean " in l4
     assert (tuner.study_name("L5"), tuner.pin_file("L5")) == (
         "tuner-L5-m0-lean",
         "tuner-L5-lean-pin.json",

@@ -71,7 +71,8 @@ def search(
         typer.Option(
             help="Trials to add to the study (default 20; a new study's first ones are budget "
             "1.0, full block AC, budget 0.5, and budget 0.8 from 10 trials on where the budget "
-            "range holds it); 0 runs none and only re-verifies and pins what an existing study "
+            "range holds it, with fused AdamW and expandable segments where those are "
+            "searched); 0 runs none and only re-verifies and pins what an existing study "
             "holds (a search cut off before its pin)."
         ),
     ] = None,
