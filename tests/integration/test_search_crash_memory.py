@@ -44,3 +44,37 @@ def test_block_ac_that_crashes_is_excluded_after_its_baseline(tmp_path: Path, mo
     assert shown.exit_code == 0, shown.output
     assert "excluded after crashes: block AC excluded: its baseline crashed" in shown.output
     assert "The expanded size of the tensor" in shown.output
+
+
+def test_a_high_budget_probe_the_workload_cannot_take_is_measured_again_as_given(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # The probe takes fused AdamW-style "fused"; RMSprop has no such flag, so it crashes. The
+    # study must still measure budget 0.8, with the optimizer as written.
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'bt.db'}"
+    result = runner.invoke(
+        app,
+        [
+            "search", "--workload", f"{FIXTURES}:rmsprop", "--device", "cpu",
+            "--max-mem", "1GB", "--trials", "10", "--storage", db, "--study", "s",
+            "--ac-every", "0,1", "--ac-policies", "full", "--solvers", "dp",
+            "--remove-ops", "", "--add-ops", "",
+            "--backend", "aot_eager_decomp_partition", "--warmup-steps", "1",
+            "--timed-steps", "1", "--top-k", "1", "--reverify", "1", "--seed", "3",
+        ],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "the budget-0.8 probe crashed; measuring it again as given" in result.output
+    trials = optuna.load_study(study_name="s", storage=db).get_trials(deepcopy=False)
+    by_label = {t.user_attrs.get("baseline"): t for t in trials if t.user_attrs.get("baseline")}
+    probe, retry = by_label["budget-0.8"], by_label["budget-0.8-as-given"]
+    assert probe.user_attrs["outcome"] == "crashed"
+    assert "takes no 'fused' flag" in probe.user_attrs["error"]
+    assert retry.user_attrs["outcome"] == "ok"
+    assert retry.user_attrs["spec"]["activation_memory_budget"] == 0.8
+    assert retry.user_attrs["spec"]["optimizer_impl"] == "as_written"
+    assert retry.number == probe.number + 1  # next in line: one worker, queued at the crash
+    assert sum("spec" in t.user_attrs for t in trials) == 10  # the retry is one of the 10
+    assert result.output.count("measuring it again as given") == 1

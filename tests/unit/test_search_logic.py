@@ -17,7 +17,7 @@ from budgettune.search.space import (
     suggest_spec,
 )
 from budgettune.search.spec import SearchSpec
-from budgettune.search.study import baseline_specs, default_study_name
+from budgettune.search.study import baseline_specs, default_study_name, high_budget_retry
 from budgettune.search.study_file import build_search_spec, merge, read_study_file
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
@@ -154,6 +154,15 @@ def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> N
         # the reference runs stay as the user wrote them
         unconstrained = specs["unconstrained"]
         assert (unconstrained.activation_memory_budget, unconstrained.cuda_alloc_conf) == (1.0, "")
+        # a crashed probe is measured again at the user's own values, unless it had them
+        retry = high_budget_retry(gpu)
+        assert retry is not None and (retry.optimizer_impl, retry.cuda_alloc_conf) == (
+            unconstrained.optimizer_impl,
+            "",
+        )
+        assert retry.activation_memory_budget == 0.8 and retry.block_ac_every == 0
+    # CPU, optimizer fixed: the probe had the user's values, a retry would crash alike
+    assert high_budget_retry(search) is None
     # no high-budget opening point in a short study (its trials are the sampler's), nor
     # where the user fixed the budget or narrowed its range below 0.8
     for options in (

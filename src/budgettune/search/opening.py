@@ -20,6 +20,15 @@ from budgettune.search.study import (
     study_attrs,
 )
 from budgettune.storage.trials import BASELINE_ATTR
+from budgettune.trial.spec import TrialSpec
+
+
+def enqueue_baseline(study: optuna.Study, search: SearchSpec, label: str, spec: TrialSpec) -> None:
+    """Queue ``spec`` as the study's next trial, measured exactly so, labelled ``label``."""
+    study.enqueue_trial(
+        spec_params(spec, search.space),
+        user_attrs={BASELINE_ATTR: label, "enqueued_spec": spec.to_json_dict()},
+    )
 
 
 def open_study(
@@ -45,10 +54,7 @@ def open_study(
             study.set_user_attr(SPEC_ATTR, search.to_json_dict())
             study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)
             for label, spec in baseline_specs(search):
-                study.enqueue_trial(
-                    spec_params(spec, search.space),
-                    user_attrs={BASELINE_ATTR: label, "enqueued_spec": spec.to_json_dict()},
-                )
+                enqueue_baseline(study, search, label, spec)
             return study, True
     try:
         study = optuna.load_study(**common)

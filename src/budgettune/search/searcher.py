@@ -32,14 +32,17 @@ from budgettune.pinning import (
 from budgettune.search.crash_memory import find_exclusions, narrow
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
-from budgettune.search.opening import open_study
+from budgettune.search.opening import enqueue_baseline, open_study
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
+    HIGH_BUDGET,
+    HIGH_BUDGET_RETRY,
     WORKER_ATTR,
     SearchObserver,
     TrialEvent,
     TrialFailed,
+    high_budget_retry,
     result_attrs,
 )
 from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, count_trials
@@ -187,6 +190,8 @@ class Searcher:
             self._emit(trial.number, spec, result)
             if result.outcome is TrialOutcome.CRASHED:
                 self.learn_from_crash()
+                if trial.user_attrs.get(BASELINE_ATTR) == HIGH_BUDGET:
+                    self.retry_high_budget()
             if result.failed_stage == "workload":
                 # Every configuration would fail alike (on a GPU a build can take minutes).
                 self.abort = WorkloadFailedError(
@@ -219,6 +224,17 @@ class Searcher:
             self.study.set_user_attr(EXCLUDED_ATTR, excluded + new)
             for entry in new:
                 self.observer.notice(f"{describe_exclusion(entry)}; not proposed again")
+
+    def retry_high_budget(self) -> None:
+        """The high-budget probe crashed: queue it at the user's own values (once: the retry
+        has a label of its own), so a leanest value the workload cannot take does not cost
+        the study its look at the high budgets (`study.high_budget_retry`)."""
+        spec = high_budget_retry(self.search)
+        if spec is not None:
+            enqueue_baseline(self.study, self.search, HIGH_BUDGET_RETRY, spec)
+            self.observer.notice(
+                f"the budget-0.8 probe crashed; measuring it again as given ({spec.describe()})"
+            )
 
     def _below_steady(self, result: TrialResult) -> bool:
         """A limit under params + grads + optimizer state: stop the study, keep the trial."""
