@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from budgettune.cli import app
 
@@ -13,20 +13,27 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "faulty_workloads.py"
 runner = CliRunner()
 
 
+def _search(workload: str, db: str, *options: str) -> Result:
+    """A small CPU search of a fixture workload in study ``s`` of ``db``, one worker."""
+    return runner.invoke(
+        app,
+        [
+            "search", "--workload", f"{FIXTURES}:{workload}", "--device", "cpu",
+            "--max-mem", "1GB", "--storage", db, "--study", "s", "--solvers", "dp",
+            "--remove-ops", "", "--add-ops", "", "--backend", "aot_eager_decomp_partition",
+            "--warmup-steps", "1", "--timed-steps", "1", "--top-k", "1", "--reverify", "1",
+            "--seed", "3", *options,
+        ],
+        catch_exceptions=False,
+    )  # fmt: skip
+
+
 def test_block_ac_that_crashes_is_excluded_after_its_baseline(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     db = f"sqlite:///{tmp_path / 'bt.db'}"
-    result = runner.invoke(
-        app,
-        [
-            "search", "--workload", f"{FIXTURES}:crashes_under_block_ac", "--device", "cpu",
-            "--max-mem", "1GB", "--trials", "7", "--storage", db, "--study", "s",
-            "--ac-every", "0,1,2", "--ac-policies", "full,op", "--solvers", "dp",
-            "--optimizer-impls", "as_written", "--remove-ops", "", "--add-ops", "",
-            "--backend", "aot_eager_decomp_partition", "--warmup-steps", "1",
-            "--timed-steps", "1", "--top-k", "1", "--reverify", "1", "--seed", "3",
-        ],
-        catch_exceptions=False,
+    result = _search(
+        "crashes_under_block_ac", db, "--trials", "7", "--ac-every", "0,1,2",
+        "--ac-policies", "full,op", "--optimizer-impls", "as_written",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "block AC excluded: its baseline crashed" in result.output
@@ -53,17 +60,8 @@ def test_a_high_budget_probe_the_workload_cannot_take_is_measured_again_as_given
     # study must still measure budget 0.8, with the optimizer as written.
     monkeypatch.chdir(tmp_path)
     db = f"sqlite:///{tmp_path / 'bt.db'}"
-    result = runner.invoke(
-        app,
-        [
-            "search", "--workload", f"{FIXTURES}:rmsprop", "--device", "cpu",
-            "--max-mem", "1GB", "--trials", "10", "--storage", db, "--study", "s",
-            "--ac-every", "0,1", "--ac-policies", "full", "--solvers", "dp",
-            "--remove-ops", "", "--add-ops", "",
-            "--backend", "aot_eager_decomp_partition", "--warmup-steps", "1",
-            "--timed-steps", "1", "--top-k", "1", "--reverify", "1", "--seed", "3",
-        ],
-        catch_exceptions=False,
+    result = _search(
+        "rmsprop", db, "--trials", "10", "--ac-every", "0,1", "--ac-policies", "full"
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "the budget-0.8 probe crashed; measuring it again as given" in result.output
