@@ -56,7 +56,7 @@ def test_block_ac_that_crashes_is_excluded_after_its_baseline(tmp_path: Path, mo
 def test_a_high_budget_probe_the_workload_cannot_take_is_measured_again_as_given(
     tmp_path: Path, monkeypatch
 ) -> None:
-    # The probe takes fused AdamW-style "fused"; RMSprop has no such flag, so it crashes. The
+    # The probe takes optimizer_impl "fused"; RMSprop has no such flag, so it crashes. The
     # study must still measure budget 0.8, with the optimizer as written.
     monkeypatch.chdir(tmp_path)
     db = f"sqlite:///{tmp_path / 'bt.db'}"

@@ -233,7 +233,7 @@ class Searcher:
         if spec is not None:
             enqueue_baseline(self.study, self.search, HIGH_BUDGET_RETRY, spec)
             self.observer.notice(
-                f"the budget-0.8 probe crashed; measuring it again as given ({spec.describe()})"
+                f"the {HIGH_BUDGET} probe crashed; measuring it again as given ({spec.describe()})"
             )
 
     def _below_steady(self, result: TrialResult) -> bool:
