@@ -4,7 +4,7 @@
 # the study measures unconstrained, full block AC, budget 0.5 and torchtitan's op SAC as
 # baselines, then searched budgets; the pin reports its slowdown against full AC and op SAC.
 # Then `show`, and the pin applied by load_pinned(...).compile on each rank of a torchrun
-# training job (benchmarks/sharded_pin_check.py), per-rank peak vs the pin's (target 2 %).
+# training job (benchmarks/pin_in_job.py), per-rank peak vs the pin's (target 2 %).
 # The limit and the batch fit a two-GPU host of 80 GB cards as well as H200s (budget 1.0:
 # 49.7 GB allocated per rank). Each trial compiles (~40 s): 6 trials + the baselines + the
 # re-verification + the check take about 8-10 minutes, so, like tuner_gpu.sh and wall_gpu.sh,
@@ -41,7 +41,7 @@ python3 -m budgettune show --storage sqlite:///$state/sharded.db --study $study 
 if [ -f $state/out/pin-sharded.json ]; then
     echo "== pin check, \$(date -u +%FT%TZ)"
     timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        benchmarks/sharded_pin_check.py --pin $state/out/pin-sharded.json \\
+        benchmarks/pin_in_job.py --pin $state/out/pin-sharded.json --tolerance 0.02 \\
         --output $state/out/pin-check.json > $state/out/pin-check.txt 2>&1
     echo "exit \$?" >> $state/out/pin-check.txt
 fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -50,6 +51,13 @@ def show(
         stdout.print(pin_table(dict(report.pin), title="current pin"))
 
 
+class ExportFormat(str, enum.Enum):
+    """What `export` writes."""
+
+    json = "json"
+    env = "env"
+
+
 @app.command()
 @handles_errors
 def export(
@@ -60,23 +68,53 @@ def export(
     storage: Annotated[
         str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
     ] = None,
+    output_format: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            help="json: write the pinned JSON to --output. env: print the environment the job "
+            "must start with (PYTORCH_CUDA_ALLOC_CONF=..., one KEY=VALUE a line, nothing when "
+            "the pin sets none), for a launch script: export $(budgettune export --format env).",
+        ),
+    ] = ExportFormat.json,
+    pin: Annotated[
+        Path | None,
+        typer.Option(help="Read this pinned JSON instead of the study's current pin."),
+    ] = None,
 ) -> None:
-    """Write a study's current pinned config to a JSON file a training job loads."""
+    """Write a study's current pinned config to a JSON file a training job loads, or print the
+    environment variables the job must start with."""
+    from budgettune.pinning import load_pinned, parse_pin, write_pin
+
+    if pin is not None:
+        pinned = load_pinned(pin, warn=False, apply_allocator=False)
+        document = dict(pinned.document)
+    else:
+        document = _study_pin(study, storage)
+        pinned = parse_pin(document, source=f"study {document.get('study_name', '')}")
+    if output_format is ExportFormat.env:
+        line = pinned.env_assignment()
+        if line:
+            print(line)
+        return
+    write_pin(output, document)
+    stdout.print(f"wrote {output}")
+
+
+def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:
+    """The study's current pin, or `NoFeasibleConfigError` saying how to get one."""
     from budgettune import storage as storage_mod
     from budgettune.errors import NoFeasibleConfigError
-    from budgettune.pinning import parse_pin, write_pin
     from budgettune.present.report import resolve_study_name
 
     store = storage_mod.open_storage(storage, create=False)
     name = resolve_study_name(store, study)
-    pin = store.latest_pin(name)
-    if pin is None:
+    found = store.latest_pin(name)
+    if found is None:
         raise NoFeasibleConfigError(
             f"study {name!r} has no pinned config yet; run `budgettune search --study {name}`"
         )
-    parse_pin(dict(pin), source=f"study {name}")
-    write_pin(output, pin)
-    stdout.print(f"wrote {output}")
+    return dict(found)
 
 
 @app.command()

@@ -1,10 +1,15 @@
 """Read a pinned JSON and apply it in a training job: the job's side of a pin.
 
-    pinned = budgettune.load_pinned("best.json")   # warns when the fingerprint is stale
-    model = pinned.compile(model)                  # functorch config scoped, op list, AC, mode
+    pinned = budgettune.load_pinned("best.json")   # first: the allocator setting, before CUDA
+    model = pinned.compile(model)                  # model changes, block AC, compile, scoped
     optimizer = pinned.optimizer(optimizer)        # the pinned optimizer implementation
 
-Torch is imported only when a pin is applied (`PinnedConfig.compile`), never to read one.
+What the trial changed is what the job gets: `load_pinned` gives the process the pin's
+allocator setting (``PYTORCH_CUDA_ALLOC_CONF``; see `trial.allocator` for when it still can),
+`compile` makes the trial's model changes (``use_cache=False`` on every transformers model
+inside the module) and applies the knobs, `optimizer` rebuilds the optimizer with the pinned
+flag. `measure_step` measures one step of the job beside the pin's figures. Torch is imported
+only when a pin is applied, never to read one.
 """
 
 from __future__ import annotations
@@ -18,8 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import PinnedConfigError, SpecError
 from budgettune.pinning.choose import SCHEMA_VERSION, StalePinWarning
+from budgettune.trial.allocator import AllocatorApplied, apply_allocator_settings, env_assignment
+from budgettune.trial.distributed import (
+    apply_sharded,
+    sharded_mesh,
+    world_rank_from_env,
+    world_size_from_env,
+)
 from budgettune.trial.ranks import world_size_warning
 from budgettune.trial.spec import TrialSpec
+from budgettune.trial.step_meter import StepMeter
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +49,74 @@ class PinnedConfig:
     """The whole pinned JSON."""
     path: str = ""
     """Where it was read from."""
+
+    @property
+    def model_changes(self) -> tuple[str, ...]:
+        """What the trials changed in the model besides the knobs (``use_cache=False``)."""
+        return tuple(self.document.get("model_changes") or ())
+
+    def env_assignment(self) -> str:
+        """``PYTORCH_CUDA_ALLOC_CONF=...`` for a launch script (empty: the pin sets none)."""
+        return env_assignment(self.spec.cuda_alloc_conf)
+
+    def apply_allocator(self, *, stacklevel: int = 2) -> AllocatorApplied:
+        """Give this process the pin's allocator setting (`load_pinned` and `compile` call it).
+
+        Warns (`StalePinWarning`) when the process can no longer run as measured: CUDA held
+        memory already (the setting reaches only memory reserved later), or torch cannot take it.
+        """
+        applied = apply_allocator_settings(self.spec.cuda_alloc_conf)
+        if applied.replaced:
+            warnings.warn(
+                f"pinned config {self.path}: the job's {', '.join(applied.replaced)} replaced by "
+                f"the pinned {applied.setting} (what was measured is what runs)",
+                StalePinWarning,
+                stacklevel=stacklevel + 1,
+            )
+        if applied.caveat:
+            peak = (self.document.get("measured") or {}).get("peak_worst_bytes")
+            measured = (
+                f"; the pin's {peak / 1e9:.2f} GB peak was measured with it " if peak else "; "
+            )
+            warnings.warn(
+                f"pinned config {self.path}: {applied.caveat}{measured}from the start: call "
+                f"budgettune.load_pinned before anything touches CUDA, or start the job with "
+                f"{self.env_assignment()}",
+                StalePinWarning,
+                stacklevel=stacklevel + 1,
+            )
+        return applied
+
+    def measure_step(
+        self,
+        *,
+        device: torch.device | str | None = None,
+        model: Any = None,
+        optimizer: Any = None,
+        batch: Any = None,
+    ) -> StepMeter:
+        """A context manager that measures one step of the job against the pin's figures.
+
+        Wrap the job's third step (the trial measured its third, after two warm-up steps):
+        ``with pinned.measure_step() as meter: ...``, then ``meter.result.summary()``. On CPU,
+        pass ``model``, ``optimizer`` and ``batch`` so the bytes live before the step count.
+        Under torchrun the pin's figures are this rank's (``RANK``).
+        """
+        measured = self.document.get("measured") or {}
+        peak, step_ms = measured.get("peak_worst_bytes"), measured.get("step_time_ms")
+        rank = world_rank_from_env()
+        for row in measured.get("per_rank") or ():
+            if row.get("rank") == rank:
+                peak, step_ms = row.get("peak_worst_bytes", peak), row.get("step_time_ms")
+        return StepMeter(
+            device=device,
+            mem_metric=str(self.document.get("mem_metric", "device")),
+            pinned_peak_bytes=int(peak) if peak else None,
+            pinned_step_time_ms=float(step_ms) if step_ms else None,
+            model=model,
+            optimizer=optimizer,
+            batch=batch,
+        )
 
     @property
     def fingerprint(self) -> Mapping[str, Any]:
@@ -80,7 +161,8 @@ class PinnedConfig:
         mesh: Any = None,
         parallelize: Any = None,
     ) -> nn.Module:
-        """Apply the pin: block AC on ``blocks`` (found if omitted), then compile with the
+        """Apply the pin: the allocator setting (if `load_pinned` could not yet), the trial's
+        model changes, block AC on ``blocks`` (found if omitted), then compile with the
         partitioner settings scoped to the model's calls (never set globally).
 
         A pin measured sharded (``world_size`` > 1), applied in a job under torchrun with the
@@ -95,6 +177,7 @@ class PinnedConfig:
         from budgettune.blocks import find_blocks
         from budgettune.trial.recompute import apply_to_model
 
+        self.apply_allocator(stacklevel=3)
         expected = (self.fingerprint.get("workload") or {}).get("param_count")
         count = sum(p.numel() for p in model.parameters())
         if expected and expected != count:
@@ -107,8 +190,6 @@ class PinnedConfig:
         if blocks is None and self.spec.block_ac_every:
             blocks = find_blocks(model)
         pinned_world = int(self.document.get("world_size", 1))
-        from budgettune.trial.distributed import sharded_mesh, world_size_from_env
-
         running_world = world_size_from_env()
         if running_world != pinned_world:
             split = (self.document.get("measured") or {}).get("split")
@@ -120,10 +201,15 @@ class PinnedConfig:
             )
         mesh = mesh if mesh is not None else sharded_mesh(model, pinned_world, running_world)
         if mesh is not None:
-            from budgettune.trial.distributed import apply_sharded
-
-            return apply_sharded(model, self.spec, mesh, blocks=blocks, parallelize=parallelize)
-        return apply_to_model(model, self.spec, blocks)
+            return apply_sharded(
+                model,
+                self.spec,
+                mesh,
+                blocks=blocks,
+                parallelize=parallelize,
+                model_changes=self.model_changes,
+            )
+        return apply_to_model(model, self.spec, blocks, model_changes=self.model_changes)
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The same optimizer rebuilt with the pinned implementation flag (as written: itself)."""
@@ -154,8 +240,19 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
     return PinnedConfig(spec=spec, document=data, path=source)
 
 
-def load_pinned(path: str | Path, *, warn: bool = True) -> PinnedConfig:
-    """Read a pinned config JSON; warn (`StalePinWarning`) when torch, CUDA or the GPU differ.
+def load_pinned(
+    path: str | Path, *, warn: bool = True, apply_allocator: bool = True
+) -> PinnedConfig:
+    """Read a pinned config JSON, give the process its allocator setting, and warn
+    (`StalePinWarning`) when torch, CUDA or the GPU differ from the measured job's.
+
+    Call it before anything touches CUDA (before the model goes to the GPU): the allocator
+    setting (``expandable_segments:True``) then reaches every segment, as in the trial.
+
+    Args:
+        path: the pinned JSON.
+        warn: warn about a stale fingerprint.
+        apply_allocator: set the pin's ``cuda_alloc_conf`` now (False: only read the file).
 
     Raises:
         PinnedConfigError: a missing, corrupt or other-schema file.
@@ -168,6 +265,8 @@ def load_pinned(path: str | Path, *, warn: bool = True) -> PinnedConfig:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PinnedConfigError(f"{source}: not a readable pinned config JSON ({exc})") from None
     pinned = parse_pin(data, source=source)
+    if apply_allocator:  # before the fingerprint check, which may start CUDA
+        pinned.apply_allocator(stacklevel=3)
     if warn:
         reasons = pinned.stale_reasons()
         if reasons:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError
 from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
 from budgettune.trial.recompute import (
     PreparedStep,
     build_optimizer,
@@ -42,12 +43,21 @@ SHARDING_DEFAULT = "fsdp2: fully_shard per block and at the root (torchtitan ord
 SHARDING_HOOK = "the workload's parallelize(model, mesh) hook"
 
 
+def _int_from_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, str(default)))
+    except ValueError:
+        return default
+
+
 def world_size_from_env() -> int:
     """``WORLD_SIZE`` as torchrun sets it (1 outside torchrun)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
+    return _int_from_env("WORLD_SIZE", 1)
+
+
+def world_rank_from_env() -> int:
+    """``RANK`` as torchrun sets it (0 outside torchrun)."""
+    return _int_from_env("RANK", 0)
 
 
 @contextlib.contextmanager
@@ -99,6 +109,26 @@ def _parents(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
     }
 
 
+def allow_recompiles(count: int) -> None:
+    """Let dynamo compile one frame ``count`` times before it gives up.
+
+    The blocks compiled one by one share their class's ``forward`` code, so dynamo keeps one
+    cache entry list for all of them; blocks that differ in a guarded attribute (a sliding
+    window on every other layer) each add an entry, and past the recompile limit (8) a
+    ``fullgraph=True`` compile fails (``FailOnRecompileLimitHit``). A limit as large as the
+    number of blocks can never be hit that way. Only ever raised, never lowered.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):  # the newer name first
+        current = getattr(dynamo_config, name, None)
+        if isinstance(current, int):
+            if current < count:
+                setattr(dynamo_config, name, count)
+                logger.info("dynamo %s raised from %d to %d (one per block)", name, current, count)
+            return
+
+
 def compile_blocks(
     model: nn.Module, blocks: Sequence[nn.Module], spec: TrialSpec
 ) -> list[nn.Module]:
@@ -111,6 +141,7 @@ def compile_blocks(
 
     if not spec.is_compiled:
         return list(blocks)
+    allow_recompiles(len(blocks))
     parents = _parents(model)
     kwargs: dict[str, Any] = {"backend": spec.compile_backend, "fullgraph": True}
     if spec.compile_backend == "inductor" and spec.compile_mode != "default":
@@ -142,12 +173,18 @@ def shard_model(
     *,
     blocks: Sequence[nn.Module] | None,
     parallelize: Callable[[Any, Any], Any] | None = None,
-) -> tuple[nn.Module, Callable[..., Any]]:
+    model_changes: Sequence[str] = (),
+) -> tuple[nn.Module, Callable[..., Any], tuple[str, ...]]:
     """Apply a spec to one rank's model in torchtitan's order: block AC, per-block compile,
     then the sharding (``parallelize(model, mesh)``, or `default_parallelize`).
 
+    Args:
+        model_changes: model changes to make first (a pin's, in a job).
+
     Returns:
-        The sharded model (owns the parameters, now DTensors) and what the loss should call.
+        The sharded model (owns the parameters, now DTensors), what the loss should call, and
+        the model changes made (``use_cache=False`` on a transformers model whose blocks are
+        checkpointed or compiled one by one: see `hf_cache`).
 
     Raises:
         SpecError: block AC without blocks, or an unsupported spec.
@@ -155,10 +192,13 @@ def shard_model(
     import torch
 
     check_spec_supported(spec, mesh.device_type)
+    made = apply_model_changes(model, model_changes)
     found = list(blocks) if blocks is not None else find_blocks(model)
+    if spec.block_ac_every and not found:
+        raise SpecError("block_ac_every needs repeated blocks: pass Workload(blocks=...)")
+    if found and (spec.block_ac_every or spec.is_compiled):
+        made = tuple(dict.fromkeys(made + turn_off_kv_cache(model)))
     if spec.block_ac_every:
-        if not found:
-            raise SpecError("block_ac_every needs repeated blocks: pass Workload(blocks=...)")
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
     placed = compile_blocks(model, found, spec) if found else []
     if parallelize is not None:
@@ -170,14 +210,14 @@ def shard_model(
         # No blocks to compile one by one: compile the whole (sharded) model instead.
         backend = spec.compile_backend
         call = torch.compile(model, backend=backend)
-    return model, call
+    return model, call, made
 
 
 def prepare_sharded(
     workload: Workload, spec: TrialSpec, device: torch.device, mesh: DeviceMesh
 ) -> PreparedStep:
     """`recompute.prepare` for a rank of a sharded trial."""
-    model, call = shard_model(
+    model, call, changes = shard_model(
         workload.model,
         spec,
         mesh,
@@ -185,6 +225,7 @@ def prepare_sharded(
         parallelize=workload.parallelize,
     )
     return PreparedStep(
+        model_changes=changes,
         model=model,
         compiled=call,
         optimizer=build_optimizer(workload, spec, model.parameters()),
@@ -218,10 +259,13 @@ def apply_sharded(
     *,
     blocks: Sequence[nn.Module] | None = None,
     parallelize: Callable[[Any, Any], Any] | None = None,
+    model_changes: Sequence[str] = (),
 ) -> nn.Module:
     """A pin applied on one rank of a training job: like the trial, plus the scoped settings
     around each call (see `recompute.apply_to_model`)."""
-    sharded, call = shard_model(model, spec, mesh, blocks=blocks, parallelize=parallelize)
+    sharded, call, _ = shard_model(
+        model, spec, mesh, blocks=blocks, parallelize=parallelize, model_changes=model_changes
+    )
     if not spec.is_compiled:
         return sharded
     return scoped_module_class()(sharded, call, spec)  # type: ignore[no-any-return]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from budgettune.errors import DeviceUnavailableError, SpecError
+from budgettune.trial import nvml
 from budgettune.trial.processes import (
     end_session,
     interrupts_kept,
@@ -97,19 +98,7 @@ def device_indices(device: str) -> list[int]:
 
 def cuda_device_count() -> int:
     """Number of NVIDIA GPUs NVML sees, without initialising CUDA in this process (0 if none)."""
-    try:
-        import pynvml
-    except ImportError:
-        return 0
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return 0
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
+    return nvml.device_count()
 
 
 def check_device_available(device: str) -> None:

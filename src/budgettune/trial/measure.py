@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from budgettune.trial.nvml import process_used_bytes
 from budgettune.trial.results import PHASES, Measurement
 
 if TYPE_CHECKING:
@@ -151,19 +151,29 @@ def _peak_phase(phase_peaks: dict[str, int]) -> str:
 
 def steady_tensor_bytes(step: PreparedStep) -> int:
     """Bytes of the unique storages of params, buffers, grads, optimizer state and the batch."""
+    return live_tensor_bytes(
+        step.device.type, model=step.model, optimizer=step.optimizer, batch=step.batch
+    )
+
+
+def live_tensor_bytes(device_type: str, *, model: Any, optimizer: Any, batch: Any) -> int:
+    """Bytes of the unique storages on ``device_type`` of a model's parameters, buffers and
+    gradients, an optimizer's state and a batch pytree (each may be None)."""
     import torch
     import torch.utils._pytree as pytree
 
-    tensors: list[torch.Tensor] = [*step.model.parameters(), *step.model.buffers()]
-    tensors += [p.grad for p in step.model.parameters() if p.grad is not None]
-    for state in step.optimizer.state.values():
+    tensors: list[torch.Tensor] = []
+    if model is not None:
+        tensors += [*model.parameters(), *model.buffers()]
+        tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    for state in optimizer.state.values() if optimizer is not None else ():
         tensors += [v for v in pytree.tree_leaves(state) if isinstance(v, torch.Tensor)]
-    tensors += [v for v in pytree.tree_leaves(step.batch) if isinstance(v, torch.Tensor)]
+    tensors += [v for v in pytree.tree_leaves(batch) if isinstance(v, torch.Tensor)]
     storages: dict[tuple[str, int], int] = {}
     for tensor in tensors:
         if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard is what it holds
             tensor = tensor.to_local()
-        if tensor.device.type != step.device.type:
+        if tensor.device.type != device_type:
             continue
         storage = tensor.untyped_storage()
         storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
@@ -218,6 +228,33 @@ def profile_cpu_step(
     if missing:
         raise RuntimeError(f"the profiler recorded no marker for phase(s) {missing}")
     memory.sort()
+    return _phase_peaks(memory, phase_start_ns)
+
+
+def cpu_memory_events(prof: Any) -> list[tuple[int, int]]:
+    """The CPU allocator's ``(time_ns, bytes)`` events a `torch.profiler.profile` recorded with
+    ``profile_memory=True`` (frees negative), in time order."""
+    from torch.autograd import DeviceType
+
+    return sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
+    )
+
+
+def running_peak_bytes(memory: list[tuple[int, int]]) -> int:
+    """The peak of the running total of time-ordered allocator events (0 when it never rose)."""
+    running = peak = 0
+    for _, nbytes in memory:
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+def _phase_peaks(
+    memory: list[tuple[int, int]], phase_start_ns: dict[str, int]
+) -> CpuStepMemory:
     boundaries = sorted((start, phase) for phase, start in phase_start_ns.items())
     phase_peaks = dict.fromkeys(PHASES, 0)
     running = peak = 0
@@ -291,54 +328,6 @@ def measure_cpu(step: PreparedStep, spec: TrialSpec) -> Measurement:
 # --------------------------------------------------------------------------- CUDA
 
 
-def nvml_index(torch_index: int, visible_devices: str | None) -> int | str:
-    """Map a torch CUDA device index to what NVML needs: an index, or a UUID string.
-
-    ``CUDA_VISIBLE_DEVICES`` renumbers devices for torch but not for NVML; entries may be
-    indices or ``GPU-...``/``MIG-...`` UUIDs.
-    """
-    if not visible_devices:
-        return torch_index
-    entries = [entry.strip() for entry in visible_devices.split(",") if entry.strip()]
-    if torch_index >= len(entries):
-        raise ValueError(
-            f"CUDA device {torch_index} is not among CUDA_VISIBLE_DEVICES={visible_devices!r}"
-        )
-    entry = entries[torch_index]
-    return int(entry) if entry.isdigit() else entry
-
-
-def _nvml_process_used_bytes(torch_index: int) -> int | None:
-    """This process's memory on the device as NVML reports it, or None when it cannot say."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        target = nvml_index(torch_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if isinstance(target, int):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(target)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(target)
-        pid = os.getpid()
-        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            used = getattr(process, "usedGpuMemory", None)
-            if process.pid == pid and isinstance(used, int):
-                return used
-        return None
-    except (pynvml.NVMLError, ValueError):
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-
-
 def non_pytorch_device_bytes(device: torch.device) -> int:
     """Device memory of this process that PyTorch's allocator does not hold (context, libraries).
 
@@ -350,7 +339,7 @@ def non_pytorch_device_bytes(device: torch.device) -> int:
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.synchronize(device)
-    used = _nvml_process_used_bytes(index)
+    used = process_used_bytes(index)
     if used is None:
         free, total = torch.cuda.mem_get_info(device)
         used = total - free

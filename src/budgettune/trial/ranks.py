@@ -113,6 +113,7 @@ def merge_rank_results(
             "torch_version": first.torch_version,
             "cuda_version": first.cuda_version,
             "workload_fingerprint": first.workload_fingerprint,
+            "model_changes": first.model_changes,  # every rank changes its model alike
         }
     common: dict[str, Any] = {"world_size": world, "ranks": ranks, **info}
     if all(f.outcome.is_feasible() and f.measurement is not None for f in ranks):

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError
+from budgettune.trial.allocator import apply_allocator_settings
 from budgettune.trial.block_ac import apply_block_ac
-from budgettune.trial.hf_cache import disable_cache_for_block_ac
+from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
 from budgettune.trial.optimizers import build_optimizer, rebuild_optimizer  # noqa: F401 - re-exported
 from budgettune.trial.spec import TrialRun, TrialSpec
 
@@ -60,8 +61,7 @@ def prepare_process_environment(run: TrialRun) -> None:
         run: the trial to launch.
     """
     spec = run.spec
-    if spec.cuda_alloc_conf:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec.cuda_alloc_conf
+    apply_allocator_settings(spec.cuda_alloc_conf)  # torch is not imported yet: the variable
     cache_dir = run.cache_dir()
     if cache_dir is None or run.cache_root is None:
         os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
@@ -304,7 +304,7 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
             raise SpecError(
                 "block_ac_every needs repeated blocks: pass Workload(blocks=model.layers)"
             )
-        model_changes = disable_cache_for_block_ac(model)
+        model_changes = turn_off_kv_cache(model)
         apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
     optimizer = build_optimizer(workload, spec, model.parameters())
     compiled = compile_model(model, spec)
@@ -345,14 +345,20 @@ def scoped_module_class() -> type:
 
 
 def apply_to_model(
-    model: nn.Module, spec: TrialSpec, blocks: Sequence[nn.Module] | None = None
+    model: nn.Module,
+    spec: TrialSpec,
+    blocks: Sequence[nn.Module] | None = None,
+    *,
+    model_changes: Sequence[str] = (),
 ) -> nn.Module:
-    """Apply a pinned spec in a user's training job: block AC, then compile, scoped settings.
+    """Apply a pinned spec in a user's training job: the trial's model changes, block AC, then
+    compile, scoped settings.
 
     Args:
         model: the model, on its device.
         spec: the pinned configuration (its optimizer and allocator knobs are the caller's).
         blocks: the repeated blocks for block AC; found with `find_blocks` when None.
+        model_changes: what the trial changed in the model (the pin's ``model_changes``).
 
     Returns:
         The model itself when ``compile_mode`` is ``eager``; else a module whose calls run the
@@ -364,12 +370,14 @@ def apply_to_model(
     """
     device_type = next((p.device.type for p in model.parameters()), "cpu")
     check_spec_supported(spec, device_type)
+    apply_model_changes(model, model_changes)
     if spec.block_ac_every:
         found = list(blocks) if blocks is not None else find_blocks(model)
         if not found:
             raise SpecError("block_ac_every needs repeated blocks: pass blocks=model.layers")
-        # What was measured is what runs: the trial turned a transformers model's cache off.
-        disable_cache_for_block_ac(model)
+        # What was measured is what runs: the trial turned a transformers model's cache off
+        # (a pin written before model changes were recorded is covered by the same rule).
+        turn_off_kv_cache(model)
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
     if not spec.is_compiled:
         return model

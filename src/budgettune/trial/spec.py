@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from budgettune.errors import SpecError
+from budgettune.trial.allocator import parse_settings
 
 KNAPSACK_SOLVERS = ("dp", "greedy", "ilp")
 RUNTIME_ESTIMATORS = ("flops", "profile")
@@ -111,10 +112,9 @@ class TrialSpec:
             raise SpecError("warmup_steps must be at least 1 (compilation happens there)")
         if self.timed_steps < 1:
             raise SpecError("timed_steps must be at least 1")
-        if not isinstance(self.cuda_alloc_conf, str) or "\n" in self.cuda_alloc_conf:
-            raise SpecError(
-                f"cuda_alloc_conf must be a one-line string, got {self.cuda_alloc_conf!r}"
-            )
+        if not isinstance(self.cuda_alloc_conf, str):
+            raise SpecError(f"cuda_alloc_conf must be a string, got {self.cuda_alloc_conf!r}")
+        parse_settings(self.cuda_alloc_conf)  # torch aborts the process on a malformed one
 
     @property
     def is_compiled(self) -> bool:
