@@ -35,9 +35,10 @@ cd "$state/src"
 source "$state/env.sh"
 out=$state/out
 start=$(date +%s)
-torchrun() { python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$@"; }
+# a variable, not a function: `timeout` runs programs, and a bare `torchrun` is one rank
+torchrun="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
 echo "== llama sharded pin in a torchrun job, $(date -u +%FT%TZ)"
-timeout 400 torchrun benchmarks/pin_in_job.py \
+timeout 400 $torchrun benchmarks/pin_in_job.py \
     --pin benchmarks/results/h100x2-sharded-2026-11-25/pin-sharded.json \
     --output $out/job-llama-sharded.json > $out/job-llama-sharded.txt 2>&1
 echo "exit $?" >> $out/job-llama-sharded.txt
@@ -73,7 +74,7 @@ echo "exit $? after $(( $(date +%s) - s0 )) s" >> $out/search.txt
 python3 -m budgettune show --storage sqlite:///$state/hf.db --study $study > $out/show.txt 2>&1
 if [ -f $out/pin-qwen2-sharded.json ]; then
     echo "== qwen2 pin in a torchrun job, $(date -u +%FT%TZ)"
-    timeout 400 torchrun benchmarks/pin_in_job.py --pin $out/pin-qwen2-sharded.json \
+    timeout 400 $torchrun benchmarks/pin_in_job.py --pin $out/pin-qwen2-sharded.json \
         --tolerance 0.02 --output $out/job-qwen2-sharded.json > $out/job-qwen2-sharded.txt 2>&1
     echo "exit $?" >> $out/job-qwen2-sharded.txt
 fi

@@ -39,6 +39,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the measured one")
     parser.add_argument("--tolerance", type=float, default=0.01, help="relative, default 1 %%")
+    parser.add_argument(
+        "--grad-norm-first-step",
+        action="store_true",
+        help="do what a trial's warm-up does besides training: the first step's global grad "
+        "norm (float64 chunks), to tell the trial's recipe from the job's",
+    )
     return parser.parse_args(argv)
 
 
@@ -80,17 +86,23 @@ def main(argv: list[str] | None = None) -> int:
         make = workload.optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-4))
         optimizer = pinned.optimizer(make(model.parameters()))
 
-    def train_step() -> None:
+    def train_step(grad_norm: bool = False) -> None:
         if workload.autocast_dtype is not None:
             with torch.autocast(device_type=device.type, dtype=workload.autocast_dtype):
                 loss = workload.loss(model, workload.batch)
         else:
             loss = workload.loss(model, workload.batch)
         loss.backward()
+        if grad_norm:
+            from budgettune.trial.measure import global_grad_norm
+
+            float(loss.detach().float().item())
+            global_grad_norm(model.parameters())
+            del loss
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    train_step()
+    train_step(grad_norm=args.grad_norm_first_step)
     train_step()
     live = {"model": model, "optimizer": optimizer, "batch": workload.batch}
     with pinned.measure_step(device=device, **(live if device.type == "cpu" else {})) as meter:
@@ -130,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "pin": str(args.pin),
         "order": args.order,
+        "grad_norm_first_step": args.grad_norm_first_step,
         "world_size": world,
         "spec": pin_doc["spec"],
         "model_changes": pin_doc.get("model_changes"),
