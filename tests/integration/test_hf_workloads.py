@@ -178,7 +178,8 @@ def test_pinned_compile_turns_the_cache_off_too(tmp_path: Path) -> None:
     workload = load_workload("hf:llama", CPU, {**SHAPE, "seq_len": 16})
     assert workload.model.config.use_cache
     spec = TrialSpec(block_ac_every=1, block_ac_policy="op", compile_mode="eager")
-    pinned = parse_pin({"schema_version": 1, "spec": spec.to_json_dict()}, source="pin")
+    pin = {"schema_version": 1, "spec": spec.to_json_dict(), "workload": "hf:llama"}
+    pinned = parse_pin({**pin, "limit_bytes": 10**9, "mem_metric": "device"}, source="pin")
     model = pinned.compile(workload.model)
     assert model.config.use_cache is False
     workload.loss(model, workload.batch).backward()  # the op policy replays: no slice error

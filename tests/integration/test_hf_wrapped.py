@@ -29,6 +29,7 @@ WRAPPED = f"{ROOT / 'examples' / 'wrapped_decoder.py'}:build"
 CPU = torch.device("cpu")
 BACKEND = "aot_eager_decomp_partition"
 SHAPE = {"tiny": True, "batch_size": 2, "seq_len": 32}
+PIN_FIELDS = {"workload": WRAPPED, "limit_bytes": 10**9, "mem_metric": "device"}
 
 
 def _wrapped(adapter: str) -> object:
@@ -65,7 +66,12 @@ def test_the_pin_turns_the_cache_off_inside_the_users_module() -> None:
     assert decoder.config.use_cache
     # the pin says what the trial changed: a budget alone (no block AC) still gets it
     spec = TrialSpec(compile_backend=BACKEND, activation_memory_budget=0.5)
-    pin = {"schema_version": 1, "spec": spec.to_json_dict(), "model_changes": ["use_cache=False"]}
+    pin = {
+        "schema_version": 1,
+        "spec": spec.to_json_dict(),
+        "model_changes": ["use_cache=False"],
+        **PIN_FIELDS,
+    }
     model = parse_pin(pin, source="pin").compile(workload.model)
     assert decoder.config.use_cache is False
     workload.loss(model, workload.batch).backward()
@@ -79,6 +85,7 @@ def test_a_pin_from_a_newer_budgettune_is_refused_in_one_line() -> None:
         "schema_version": 1,
         "spec": TrialSpec(compile_mode="eager").to_json_dict(),
         "model_changes": ["use_cache=False", "attn_implementation=flex"],
+        **PIN_FIELDS,
     }
     with pytest.raises(SpecError, match="cannot make: attn_implementation=flex; upgrade"):
         parse_pin(pin, source="pin").compile(workload.model)

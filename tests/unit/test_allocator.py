@@ -28,6 +28,7 @@ def _pin(tmp_path: Path, alloc_conf: str = EXPANDABLE, peak: int = 115_605_504_0
         "schema_version": 1,
         "spec": spec.to_json_dict(),
         "workload": "builtin:tiny-gpt",
+        "limit_bytes": 120_000_000_000,
         "mem_metric": "device",
         "measured": {"peak_worst_bytes": peak},
         "fingerprint": {"torch_version": torch.__version__, "device_name": "cpu"},

@@ -181,6 +181,8 @@ def test_a_pin_applied_with_another_world_size_warns_with_the_split(
         "schema_version": 1,
         "spec": spec.to_json_dict(),
         "workload": "builtin:tiny-gpt",
+        "limit_bytes": 42_000_000_000,
+        "mem_metric": "allocated",
         "world_size": 2,
         "measured": {"split": split},
         "fingerprint": {"torch_version": torch.__version__, "cuda_version": "", "workload": {}},

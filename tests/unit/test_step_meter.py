@@ -40,6 +40,8 @@ def test_the_jobs_third_step_peaks_where_the_trial_measured(tmp_path: Path) -> N
         {
             "schema_version": 1,
             "spec": SPEC.to_json_dict(),
+            "workload": "builtin:tiny-gpt",
+            "limit_bytes": 2 * figures.peak_device_bytes,
             "mem_metric": "device",
             "measured": {
                 "peak_worst_bytes": figures.peak_device_bytes,

@@ -176,11 +176,12 @@ def search(
     Re-running the same command resumes the same study. Ctrl-C keeps every finished trial.
     Exit code 3 when nothing fits under the limit.
     """
-    from budgettune.pinning import write_pin
+    from budgettune.pinning import check_pin_output, write_pin
     from budgettune.search.run import run_search
     from budgettune.search.space import parse_fixed
     from budgettune.search.study_file import build_search_spec, merge, read_study_file
 
+    check_pin_output(output)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
     alloc = _csv(alloc_confs)
     gpu_list: list[int] = _csv(gpus, int) or []
@@ -191,7 +192,7 @@ def search(
             raise UsageError(f"--gpus runs on GPUs; drop --device {device}")
         from budgettune.search.workers import gpu_groups, group_device
 
-        ranks = nproc_per_node or int(file_values.get("nproc_per_node", 1))
+        ranks = file_values.get("nproc_per_node", 1) if nproc_per_node is None else nproc_per_node
         device = group_device(gpu_groups(gpu_list, ranks)[0])
     flags = {
         "workload": workload,

@@ -84,8 +84,10 @@ def export(
 ) -> None:
     """Write a study's current pinned config to a JSON file a training job loads, or print the
     environment variables the job must start with."""
-    from budgettune.pinning import load_pinned, parse_pin, write_pin
+    from budgettune.pinning import check_pin_output, load_pinned, parse_pin, write_pin
 
+    if output_format is ExportFormat.json:
+        check_pin_output(output)
     if pin is not None:
         pinned = load_pinned(pin, warn=False, apply_allocator=False)
         document = dict(pinned.document)

@@ -4,12 +4,14 @@ search's side of a pin. One rule of "fits" (peak x (1 + margin) within the limit
 from __future__ import annotations
 
 import datetime
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from budgettune.errors import BudgettuneError, UsageError
 from budgettune.trial.ranks import memory_split, per_rank_figures
 from budgettune.trial.results import TrialResult, write_json_atomically
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
@@ -275,8 +277,38 @@ def build_pin(
     }
 
 
-def write_pin(path: str | Path, pin: Mapping[str, Any]) -> Path:
-    """Write the pinned JSON atomically; returns the path written."""
+def check_pin_output(path: str | Path, *, what: str = "--output") -> None:
+    """Refuse a pin path that cannot be written, before the work that makes the pin.
+
+    Raises:
+        UsageError: the path is a folder, lies under a file, or in a folder not writable.
+    """
     target = Path(path)
-    write_json_atomically(target, pin)
+    if target.is_dir():
+        raise UsageError(
+            f"{what} {target} is a folder; name the pin's file, e.g. "
+            f"{target / 'budgettune-pin.json'}"
+        )
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # write_pin makes the missing folders
+    if not folder.is_dir():
+        raise UsageError(f"{what} {target}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {target}: cannot write into {folder}")
+
+
+def write_pin(path: str | Path, pin: Mapping[str, Any]) -> Path:
+    """Write the pinned JSON atomically; returns the path written.
+
+    Raises:
+        BudgettuneError: the file cannot be written (one line, with the reason).
+    """
+    target = Path(path)
+    try:
+        write_json_atomically(target, pin)
+    except OSError as exc:
+        raise BudgettuneError(
+            f"cannot write the pinned config {target}: {exc.strerror or exc}"
+        ) from None
     return target

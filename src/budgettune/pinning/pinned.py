@@ -19,10 +19,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import JsonDict
 
 from budgettune.errors import PinnedConfigError, SpecError
 from budgettune.pinning.choose import SCHEMA_VERSION, StalePinWarning
+from budgettune.schema import OneOf, first_problem
 from budgettune.trial.allocator import AllocatorApplied, apply_allocator_settings, env_assignment
 from budgettune.trial.distributed import (
     apply_sharded,
@@ -31,7 +35,8 @@ from budgettune.trial.distributed import (
     world_size_from_env,
 )
 from budgettune.trial.ranks import world_size_warning
-from budgettune.trial.spec import TrialSpec
+from budgettune.trial.results import MEM_METRICS
+from budgettune.trial.spec import DEVICE_PATTERN, TrialSpec
 from budgettune.trial.step_meter import StepMeter
 
 if TYPE_CHECKING:
@@ -218,11 +223,38 @@ class PinnedConfig:
         return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
 
 
+_OBJECT: JsonDict = {"allowed": "a JSON object"}
+
+
+class PinFields(BaseModel):
+    """The fields of a pinned document (schema v1) read besides its spec, by type and range.
+
+    Every pin budgettune writes has them; the first three are required, as readers need them
+    (`budgettune verify` imports the workload and checks the limit on the metric).
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    workload: Annotated[str, Field(min_length=1)]
+    limit_bytes: Annotated[int, Field(gt=0)]
+    mem_metric: Annotated[str, OneOf(MEM_METRICS)]
+    world_size: Annotated[int, Field(ge=1)] = 1
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN.pattern)] = Field(
+        "cpu", json_schema_extra={"allowed": "cpu, cuda or cuda:N"}
+    )
+    margin: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    workload_options: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+    model_changes: list[str] | None = None
+    measured: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+    fingerprint: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+
+
 def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
-    """Validate a pinned document.
+    """Validate a pinned document: its schema version, its spec, and `PinFields`.
 
     Raises:
-        PinnedConfigError: wrong schema version or an invalid spec.
+        PinnedConfigError: wrong schema version, an invalid spec, or a field missing or of the
+            wrong type or range (one line naming it).
     """
     if not isinstance(data, dict):
         raise PinnedConfigError(f"{source}: a pinned config is a JSON object")
@@ -237,6 +269,13 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
         spec = TrialSpec.from_json_dict(data["spec"])
     except (KeyError, TypeError, SpecError) as exc:
         raise PinnedConfigError(f"{source}: invalid pinned spec: {exc}") from None
+    problem = first_problem(PinFields, data)
+    if problem is not None:
+        found = "is missing" if problem.missing else f"is {data[problem.key]!r}"
+        raise PinnedConfigError(
+            f"{source}: the pin's {problem.key} {found}; it must be {problem.allowed} "
+            "(re-export the pin with `budgettune export`)"
+        )
     return PinnedConfig(spec=spec, document=data, path=source)
 
 

@@ -43,6 +43,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 READ_ONLY_REASON = "budgettune dashboard is read-only; restart with --allow-writes"
 """The 403 body's ``reason`` (optuna-dashboard's own error bodies are ``{"reason": ...}``)."""
 _DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
+MAX_PORT = 65535
 
 
 class DashboardApp:
@@ -180,8 +181,10 @@ def serve(
 
     Raises:
         StorageError: the storage cannot be used.
-        UsageError: the address cannot be bound.
+        UsageError: a port out of range, or an address that cannot be bound.
     """
+    if not 0 <= port <= MAX_PORT:
+        raise UsageError(f"--port must be within 0..{MAX_PORT} (0 picks a free one), got {port}")
     app = make_app(storage_url, allow_writes=allow_writes)
     try:
         server = make_server(app, host=host, port=port)

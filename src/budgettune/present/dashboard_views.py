@@ -10,6 +10,7 @@ replaces it, and the note with `optuna_dashboard.save_note`. The search calls
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -250,9 +251,10 @@ def study_note(
     margin = float(search.get("margin", 0.0))
     counts = {kind: sum(p.kind == kind for p in points) for kind in (FEASIBLE, INFEASIBLE, OOM)}
     lines = [
-        f"## budgettune: {study_name}",
+        f"## budgettune: {markdown_text(study_name)}",
         "",
-        f"Workload `{search.get('workload', '?')}`, limit **{format_bytes(limit)}** on peak "
+        f"Workload {code_span(str(search.get('workload', '?')))}, limit "
+        f"**{format_bytes(limit)}** on peak "
         f"{metric} memory; a configuration fits when its peak x {1 + margin:.2f} (the "
         f"{format_percent(margin)} margin) is within it. Trials: {counts[FEASIBLE]} fit, "
         f"{counts[INFEASIBLE]} measured over the limit, {counts[OOM]} OOM, {num_failed} "
@@ -289,7 +291,7 @@ def study_note(
         lines += [
             f"### Current pin: trial {pin['trial_number']}",
             "",
-            f"`{TrialSpec.from_json_dict(pin['spec']).describe()}`",
+            code_span(TrialSpec.from_json_dict(pin["spec"]).describe()),
             "",
             "| | |",
             "|---|---|",
@@ -320,3 +322,20 @@ def study_note(
         "memory × time plot is on the study's main page._"
     )
     return "\n".join(lines) + "\n"
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|&~])")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as literal Markdown: every character with a meaning escaped, on one line."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(text.splitlines()))
+
+
+def code_span(text: str) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds (CommonMark: fenced by
+    a run of backticks longer than any inside, padded where it starts or ends with one)."""
+    flat = " ".join(text.splitlines())  # a blank line would end the span and the paragraph
+    fence = "`" * (max((len(run) for run in re.findall("`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"

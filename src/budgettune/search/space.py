@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError, UsageError
+from budgettune.trial.allocator import parse_settings
 from budgettune.trial.spec import (
     BLOCK_AC_POLICIES,
     COMPILE_MODES,
     EXPANDABLE,
     KNAPSACK_SOLVERS,
+    OP_NAME_PATTERN,
     OPTIMIZER_IMPLS,
     RUNTIME_ESTIMATORS,
     TrialSpec,
@@ -103,6 +105,9 @@ class SearchSpace:
     """Dimensions held at one value (``--fix``): never suggested."""
 
     def __post_init__(self) -> None:
+        budgets = (self.budget_low, self.budget_high)
+        if any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in budgets):
+            raise SpecError(f"the budget range must be two numbers, got {list(budgets)}")
         if not 0.0 <= self.budget_low <= self.budget_high <= 1.0:
             raise SpecError(
                 f"budget range must satisfy 0 <= low <= high <= 1, got "
@@ -122,10 +127,25 @@ class SearchSpace:
                     raise SpecError(
                         f"{name}: unknown value {value!r}; choose from {', '.join(allowed)}"
                     )
-        if not self.block_ac_every or any(k < 0 for k in self.block_ac_every):
-            raise SpecError("block_ac_every must list non-negative strides")
+        strides = self.block_ac_every
+        if not strides or any(isinstance(k, bool) or not isinstance(k, int) for k in strides):
+            raise SpecError(f"block_ac_every must list integer strides, got {list(strides)}")
+        if any(k < 0 for k in strides):
+            raise SpecError(f"block_ac_every must list non-negative strides, got {list(strides)}")
         if not self.cuda_alloc_confs:
             raise SpecError("cuda_alloc_confs must list at least one value ('' = default)")
+        for name, texts in (
+            ("cuda_alloc_confs", self.cuda_alloc_confs),
+            ("removable_ops", self.removable_ops),
+            ("addable_ops", self.addable_ops),
+        ):
+            if any(not isinstance(t, str) for t in texts):
+                raise SpecError(f"{name} must list strings, got {list(texts)}")
+        for conf in self.cuda_alloc_confs:
+            parse_settings(conf)  # torch aborts the trial on a malformed one
+        for op in (*self.removable_ops, *self.addable_ops):
+            if not OP_NAME_PATTERN.match(op):
+                raise SpecError(f"{op!r} is not an op name; write it like aten.add or aten.mm")
         unknown = sorted(set(self.fixed) - set(FIXABLE))
         if unknown:
             raise UsageError(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,16 @@ from budgettune.trial.spec import (
 MEM_METRIC_CHOICES = ("device", "reserved", "allocated")
 MIN_LIMIT_BYTES = 2**20
 """A limit below this (1 MiB) is a number written without its unit (``max_mem = 120``)."""
+MAX_LIMIT_BYTES = 2**63 - 1
+"""The largest limit the storage records (a 64-bit integer column of the pin)."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest trial or collective timeout accepted: a week is past any trial, and far
+longer values overflow the waits that take them."""
+MAX_SEED = 2**32 - 1
+"""The largest sampler seed (the TPE sampler seeds numpy, which takes 32 bits)."""
+STUDY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+"""A study name: it becomes a folder under the runs folder, so no separator, no leading dot."""
+STUDY_NAME_RULE = "1 to 200 letters, digits, '.', '_' or '-', starting with a letter, digit or '_'"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,7 +78,7 @@ class SearchSpec:
     """Process-group timeout of each rank of a sharded trial."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_mem_bytes, int) or self.max_mem_bytes <= 0:
+        if not _is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
             raise UsageError(f"--max-mem must be a positive size, got {self.max_mem_bytes!r}")
         if self.max_mem_bytes < MIN_LIMIT_BYTES:
             raise UsageError(
@@ -74,26 +86,65 @@ class SearchSpec:
                 f"training step fits in under 1 MiB): write it as {self.max_mem_bytes}GB or "
                 f"{self.max_mem_bytes}MB"
             )
+        if self.max_mem_bytes > MAX_LIMIT_BYTES:
+            raise UsageError(
+                f"--max-mem {self.max_mem_bytes} bytes is more than the storage records "
+                f"({MAX_LIMIT_BYTES} bytes)"
+            )
         if self.mem_metric not in MEM_METRIC_CHOICES:
             raise UsageError(
                 f"--mem-metric: unknown metric {self.mem_metric!r}; "
                 f"choose one of {', '.join(MEM_METRIC_CHOICES)}"
             )
-        if self.num_trials < 0:
-            raise UsageError(f"--trials must be at least 0, got {self.num_trials}")
-        if self.top_k < 1 or self.reverify_runs < 1:
-            raise UsageError("--top-k and --reverify must be at least 1")
-        if not 0.0 <= self.margin < 0.5:
-            raise UsageError(f"--margin must be within [0, 0.5), got {self.margin}")
-        if not DEVICE_PATTERN.match(self.device):
+        if not isinstance(self.workload, str) or not self.workload.strip():
+            raise UsageError(f"--workload must name a workload, got {self.workload!r}")
+        if not _is_int(self.num_trials) or self.num_trials < 0:
+            raise UsageError(f"--trials must be an integer >= 0, got {self.num_trials!r}")
+        for flag, count in (("--top-k", self.top_k), ("--reverify", self.reverify_runs)):
+            if not _is_int(count) or count < 1:
+                raise UsageError(f"{flag} must be an integer >= 1, got {count!r}")
+        if not _is_number(self.margin) or not 0.0 <= self.margin < 0.5:
+            raise UsageError(f"--margin must be within [0, 0.5), got {self.margin!r}")
+        for flag, seconds in (
+            ("--timeout", self.trial_timeout_s),
+            ("--collective-timeout", self.collective_timeout_s),
+        ):
+            if not _is_number(seconds) or not 0.0 < seconds <= MAX_TIMEOUT_S:
+                raise UsageError(
+                    f"{flag} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), "
+                    f"got {seconds!r}"
+                )
+        if self.sampler_seed is not None and (
+            not _is_int(self.sampler_seed) or not 0 <= self.sampler_seed <= MAX_SEED
+        ):
+            raise UsageError(
+                f"--seed must be an integer from 0 to {MAX_SEED}, got {self.sampler_seed!r}"
+            )
+        if not isinstance(self.compile_cache, bool):
+            raise UsageError(f"compile_cache must be true or false, got {self.compile_cache!r}")
+        if not isinstance(self.runs_dir, str) or not self.runs_dir.strip():
+            raise UsageError(f"--runs-dir must name a folder, got {self.runs_dir!r}")
+        if self.storage_url is not None and not isinstance(self.storage_url, str):
+            raise UsageError(f"--storage must be a URL or a path, got {self.storage_url!r}")
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.match(self.device):
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if not self.study_name or not self.study_name.strip():
-            raise UsageError("the study name must not be empty")
+        check_study_name(self.study_name)
         try:
             check_world(self.device, self.nproc_per_node)
         except SpecError as exc:
             raise UsageError(str(exc)) from None
+        self._check_estimators()
         object.__setattr__(self, "workload_options", dict(self.workload_options))
+
+    def _check_estimators(self) -> None:
+        """``runtime_estimator="profile"`` needs CUDA (DESIGN.md §4): refused before any trial."""
+        fixed = self.space.fixed.get("runtime_estimator")
+        estimators = (fixed,) if fixed is not None else self.space.runtime_estimators
+        if self.device == "cpu" and "profile" in estimators:
+            raise UsageError(
+                "runtime_estimator 'profile' needs CUDA; on --device cpu search 'flops' only "
+                "(drop profile from --estimators or --fix runtime_estimator=flops)"
+            )
 
     @property
     def is_sharded(self) -> bool:
@@ -148,3 +199,22 @@ class SearchSpec:
             nproc_per_node=self.nproc_per_node,
             collective_timeout_s=self.collective_timeout_s,
         )
+
+
+def check_study_name(name: object, *, what: str = "--study") -> None:
+    """Refuse a study name that could not be a plain folder name (it names the study's folder
+    under the runs folder and appears in the dashboard).
+
+    Raises:
+        UsageError: naming the allowed characters.
+    """
+    if not isinstance(name, str) or not STUDY_NAME_PATTERN.match(name):
+        raise UsageError(f"{what} {name!r} is not a study name: use {STUDY_NAME_RULE}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

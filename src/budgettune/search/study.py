@@ -4,7 +4,9 @@ the user attrs of a measured trial, and the events a search reports to its obser
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from budgettune.search.spec import SearchSpec
+from budgettune.search.spec import STUDY_NAME_PATTERN, SearchSpec
 from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
 from budgettune.trial.results import RankFigures, TrialResult
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
@@ -91,15 +93,31 @@ def study_attrs(search: SearchSpec) -> dict[str, Any]:
 
 
 def default_study_name(
-    workload: str, options: dict[str, Any], device: str, max_mem_bytes: int, metric: str
+    workload: str,
+    options: dict[str, Any],
+    device: str,
+    max_mem_bytes: int,
+    metric: str,
+    *,
+    nproc_per_node: int = 1,
 ) -> str:
-    """A stable name, so re-running the same command resumes the same study."""
+    """A stable name, so re-running the same command resumes the same study.
+
+    Characters a study name may not hold (`check_study_name`: it becomes a folder) become
+    ``-``; a name too long is cut and ends with a digest of the whole, so it stays distinct.
+    """
     name = workload.split(":", 1)[-1] if workload.startswith("builtin:") else workload
     if workload.startswith("hf:"):
         name = "hf-" + Path(workload.split(":", 1)[1].rstrip("/")).name
     name = Path(name.split(":", 1)[0]).stem if ".py" in name else name.replace(":", "-")
     extra = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
-    return f"{name}{extra}-{device.split(':')[0]}-{max_mem_bytes / 1e6:.0f}MB-{metric}"
+    ranks = f"-x{nproc_per_node}" if nproc_per_node > 1 else ""
+    full = f"{name}{extra}-{device.split(':')[0]}-{max_mem_bytes / 1e6:.0f}MB-{metric}{ranks}"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", full).lstrip(".-") or "study"
+    if STUDY_NAME_PATTERN.match(safe):
+        return safe
+    digest = hashlib.sha256(full.encode()).hexdigest()[:10]
+    return f"{safe[:180]}-{digest}"
 
 
 def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:

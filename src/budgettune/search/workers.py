@@ -31,7 +31,7 @@ from budgettune.errors import (
     WorkerFailedError,
 )
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
-from budgettune.search.spec import SearchSpec
+from budgettune.search.spec import SearchSpec, check_study_name
 from budgettune.search.study import HEARTBEAT_ATTR, SPEC_ATTR, SearchObserver
 from budgettune.storage.coordination import database_errors
 from budgettune.trial.launcher import check_device_available, cuda_device_count, die_with_parent
@@ -66,8 +66,7 @@ class WorkerJob:
     """Optuna trial heartbeat; None: the study's (every process of a study beats alike)."""
 
     def __post_init__(self) -> None:
-        if not self.study_name.strip():
-            raise UsageError("--study must not be empty")
+        check_study_name(self.study_name)  # it names the folder the trials write into
         if self.device is not None and not DEVICE_PATTERN.match(self.device):
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.max_trials is not None and self.max_trials < 1:
@@ -195,8 +194,15 @@ def gpu_groups(gpus: Sequence[int], nproc_per_node: int) -> list[tuple[int, ...]
     """``--gpus 0,1,2,3 --nproc-per-node 2`` → [(0, 1), (2, 3)]: one worker per group.
 
     Raises:
-        UsageError: the GPUs do not split into groups of ``nproc_per_node``.
+        UsageError: a negative or repeated index, fewer than 1 rank, or GPUs that do not split
+            into groups of ``nproc_per_node``.
     """
+    if nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+    if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise UsageError(
+            f"--gpus {','.join(map(str, gpus))}: list distinct GPU indices from 0, e.g. 0,1,2,3"
+        )
     if len(gpus) % nproc_per_node:
         raise UsageError(
             f"--gpus {','.join(map(str, gpus))}: {len(gpus)} GPU(s) do not split into groups "
