@@ -14,13 +14,16 @@ from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from budgettune import storage
 from budgettune.cli import app
 from budgettune.search.study_file import read_study_file
 from budgettune.search.study_schema import TABLES
 
+# The click command built once, run with click's own runner: typer's runner rebuilds it on
+# every call (~0.1 s, ten times what a refused search takes), and the fuzz makes hundreds.
+COMMAND = typer.main.get_command(app)
 runner = CliRunner()
 BASE = {"workload": "builtin:tiny-gpt", "device": "cpu", "max_mem": "1GB"}
 INF, NAN = math.inf, math.nan
@@ -164,13 +167,7 @@ def empty_db(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 @pytest.fixture
 def study_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: bytes) -> Path:
-    """A real study database (created with budgettune's tables) in a working folder.
-
-    The click command is built once: typer's runner rebuilds it on every call (~0.1 s, ten
-    times what a refused search takes), and the fuzz below makes hundreds of calls.
-    """
-    command = typer.main.get_command(app)
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: command)
+    """A real study database (created with budgettune's tables) in a working folder."""
     monkeypatch.chdir(tmp_path)
     db = tmp_path / "bt.db"
     db.write_bytes(empty_db)
@@ -196,7 +193,7 @@ def test_every_key_refuses_wrong_types_out_of_range_and_non_finite_values(
     failures = []
     for index, (name, value) in enumerate(cases):
         path = _study_file(tmp_path / f"case{index}.toml", {**BASE, name: value})
-        result = runner.invoke(app, ["search", str(path), "--storage", str(study_db)])
+        result = runner.invoke(COMMAND, ["search", str(path), "--storage", str(study_db)])
         lines = result.stderr.strip().splitlines()
         key = name.rsplit(".", 1)[-1]
         named = key in result.stderr or key.replace("_", "-") in result.stderr
@@ -232,7 +229,7 @@ def test_the_issues_study_file_cases_say_which_key_and_what_it_allows(
     before = study_db.read_bytes()
     path = tmp_path / "study.toml"
     path.write_text('max_mem = "1GB"\ndevice = "cpu"\n' + line + "\n")
-    result = runner.invoke(app, ["search", str(path), "--storage", str(study_db)])
+    result = runner.invoke(COMMAND, ["search", str(path), "--storage", str(study_db)])
     assert result.exit_code == 2, result.output
     [error] = result.stderr.strip().splitlines()
     assert error.startswith(f"error: {path}: ") and said in error, error
@@ -257,6 +254,6 @@ def test_a_study_file_that_is_no_regular_small_file_is_refused_unread(
     elif make == "huge":
         path = tmp_path / "huge.toml"
         path.write_text('max_mem = "1GB"\n' + "#" * 2**20 + "\n")
-    result = runner.invoke(app, ["search", str(path), "--storage", str(study_db)])
+    result = runner.invoke(COMMAND, ["search", str(path), "--storage", str(study_db)])
     assert result.exit_code == 2, result.output
     assert "not a study file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
