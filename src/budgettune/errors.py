@@ -39,6 +39,11 @@ class PinnedConfigError(UsageError):
     """A pinned-config JSON is corrupt or of an unsupported schema version."""
 
 
+class WorkloadMismatchError(PinnedConfigError):
+    """`budgettune verify`: the workload a pin names is not the one it was measured on (its
+    fingerprint differs, or the pin records none), so its figures say nothing about it."""
+
+
 class StudyNotFoundError(UsageError):
     """The named study does not exist in the storage."""
 
