@@ -23,7 +23,6 @@ from rich.console import Console
 from rich.text import Text
 
 from budgettune.errors import BudgettuneError, UsageError
-from budgettune.trial import cpu_lock
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 error (or a trial that did not end ok); 2 bad usage or input; "
@@ -88,6 +87,8 @@ def _main_options(
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from budgettune.trial import cpu_lock
+
     # a trial that waits for another's CPU-trial lock says so (one line) without -v
     cpu_lock.logger.setLevel(logging.DEBUG if debug else logging.INFO)
 
