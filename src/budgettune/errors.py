@@ -48,6 +48,11 @@ class StudyNotFoundError(UsageError):
     """The named study does not exist in the storage."""
 
 
+class ForeignDatabaseError(UsageError):
+    """The storage is a database of something else: it holds tables, none of them Optuna's or
+    ours, so budgettune adds nothing to it (exit code 2)."""
+
+
 class StorageError(BudgettuneError):
     """The study storage cannot be reached or used."""
 
