@@ -110,3 +110,12 @@ def test_a_cpu_trial_that_cannot_get_the_lock_in_time_ends_as_timeout(
     assert str(lock_path) in result.error and f"pid {os.getpid()}" in result.error
     assert "not started: waited 1 s for the CPU-trial lock" in Path(result.log_path).read_text()
     assert not (tmp_path / "run" / "RESULT.json").exists()
+
+
+def test_a_lock_whose_folder_cannot_be_made_is_one_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(CPU_LOCK_ENV, str(tmp_path / "file" / "cpu.lock"))
+    with pytest.raises(UsageError, match=rf"cannot make its folder .*set {CPU_LOCK_ENV}"):
+        cpu_trial_lock()

@@ -95,7 +95,7 @@ def cpu_trial_lock(timeout_s: float | None = None) -> HeldCpuLock:
     Raises:
         CpuLockTimeout: still taken after ``timeout_s``.
         UsageError: neither the shared lock nor this user's own can be used safely (a symbolic
-            link, not a plain file, another user's file).
+            link, not a plain file, another user's file), or their folder cannot be made.
     """
     fd, path = _open_lock(cpu_lock_path())
     try:
@@ -108,7 +108,13 @@ def cpu_trial_lock(timeout_s: float | None = None) -> HeldCpuLock:
 
 def _open_lock(shared: Path) -> tuple[int, Path]:
     """A read-only descriptor of the shared lock file, else of this user's own beside it."""
-    shared.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"CPU-trial lock {shared}: cannot make its folder ({exc.strerror or exc}); set "
+            f"{CPU_LOCK_ENV} to a file path of yours"
+        ) from None
     try:
         return _open_plain(shared, own=False), shared
     except OSError as exc:
