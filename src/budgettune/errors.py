@@ -39,8 +39,18 @@ class PinnedConfigError(UsageError):
     """A pinned-config JSON is corrupt or of an unsupported schema version."""
 
 
+class WorkloadMismatchError(PinnedConfigError):
+    """`budgettune verify`: the workload a pin names is not the one it was measured on (its
+    fingerprint differs, or the pin records none), so its figures say nothing about it."""
+
+
 class StudyNotFoundError(UsageError):
     """The named study does not exist in the storage."""
+
+
+class ForeignDatabaseError(UsageError):
+    """The storage is a database of something else: it holds tables, none of them Optuna's or
+    ours, so budgettune adds nothing to it (exit code 2)."""
 
 
 class StorageError(BudgettuneError):

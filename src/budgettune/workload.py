@@ -219,6 +219,28 @@ def check_reference(ref: str) -> None:
             )
 
 
+def reference_origin(ref: str) -> str:
+    """Where the code a workload reference would run comes from, for a user to check first.
+
+    Call `check_reference` before: this imports nothing, and says e.g. ``build from the file
+    /abs/train.py``, ``build from the module pkg.mod (/site-packages/pkg/mod.py)`` or
+    ``the built-in tiny-gpt``.
+
+    Raises:
+        WorkloadError: a malformed reference.
+    """
+    parsed = _reference(ref)
+    if parsed.kind == "file":
+        return f"{parsed.function} from the file {Path(parsed.location).resolve()}"
+    if parsed.kind == "module":
+        found = importlib.util.find_spec(parsed.location)
+        where = f" ({found.origin})" if found is not None and found.origin else ""
+        return f"{parsed.function} from the module {parsed.location}{where}"
+    if parsed.kind == "builtin":
+        return f"the built-in {parsed.location}"
+    return f"a transformers model from {parsed.location} (random weights)"
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -20,7 +20,7 @@ from budgettune.present.report import study_report
 from budgettune.search.searcher import Searcher
 from budgettune.search.study import SearchObserver
 from budgettune.search.study_file import build_search_spec
-from budgettune.trial.launcher import CPU_LOCK_ENV, cpu_trial_lock
+from budgettune.trial.cpu_lock import CPU_LOCK_ENV, cpu_trial_lock
 from budgettune.trial.spec import TrialSpec
 
 FAST = TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1, timed_steps=1)
@@ -144,8 +144,10 @@ def test_cpu_trials_take_turns_on_a_host(tmp_path: Path, monkeypatch) -> None:
         waited = time.monotonic() - started
     holder.wait(timeout=30)
     assert waited > 1.0, waited  # it waited for the other CPU trial to finish
-    # one lock file for every user of the host, whatever their umask
-    assert (tmp_path / "cpu.lock").stat().st_mode & 0o777 == 0o666
+    # made with the user's umask and never chmod-ed (issue 29): others lock it read-only
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "cpu.lock").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_a_resumed_search_beats_at_the_studys_heartbeat(tmp_path: Path) -> None:

@@ -87,6 +87,10 @@ def _main_options(
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from budgettune.trial import cpu_lock
+
+    # a trial that waits for another's CPU-trial lock says so (one line) without -v
+    cpu_lock.logger.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
 def quiet_background() -> None:

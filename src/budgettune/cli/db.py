@@ -23,7 +23,8 @@ def db_upgrade(
         str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
     ] = None,
 ) -> None:
-    """Upgrade the study database (budgettune's and Optuna's tables) to this version."""
+    """Upgrade the study database (budgettune's and Optuna's tables) to this version; an empty
+    or new one gets them, another program's database is refused unchanged (exit 2)."""
     from budgettune import storage as storage_mod
 
     before, after = storage_mod.upgrade(storage)

@@ -126,9 +126,21 @@ def verify(
     runs: Annotated[int, typer.Option(help="Fresh re-measurements.")] = 3,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before a run is killed.")] = 900.0,
+    allow_other_workload: Annotated[
+        bool,
+        typer.Option(
+            "--allow-other-workload",
+            help="Measure on when the workload the pin names is not the one it was measured on "
+            "(another fingerprint: parameters, batch shapes, dtypes) or the pin records none; "
+            "without it verify stops after the first run (exit 2).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
-    """Re-measure a pinned config; exit 3 if it no longer fits under its limit."""
+    """Re-measure a pinned config; exit 3 if it no longer fits under its limit. It first says
+    which workload code it will import (the pin names it: check a pin you were handed), and
+    refuses (exit 2) a workload file that does not exist or a workload whose fingerprint differs
+    from the pinned one."""
     from budgettune.search.verify import verify_pin
 
     report = verify_pin(
@@ -137,10 +149,14 @@ def verify(
         device=device,
         timeout_s=timeout,
         run_dir=default_run_dir("verify"),
+        allow_other_workload=allow_other_workload,
+        on_start=lambda line: stderr.print(line, highlight=False),
         on_run=lambda i, r: stderr.print(
             f"run {i + 1}/{runs}: {r.outcome.value}", highlight=False
         ),
     )
+    if report.workload_mismatch:
+        stderr.print(f"note: not the pinned workload: {report.workload_mismatch}", highlight=False)
     if as_json:
         print_json(report.to_json_dict())
     else:

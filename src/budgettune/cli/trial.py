@@ -98,7 +98,13 @@ def trial(
     warmup_steps: Annotated[int, typer.Option(help="Untimed warm-up steps.")] = 2,
     timed_steps: Annotated[int, typer.Option(help="Timed steps (median, p10, p90).")] = 5,
     seed: Annotated[int, typer.Option(help="Seed for the model and the step.")] = 0,
-    timeout: Annotated[float, typer.Option(help="Seconds before the trial is killed.")] = 900.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds before the trial is killed; a CPU trial waits at most as long for "
+            "the host's CPU-trial lock (another CPU trial), then ends as timeout."
+        ),
+    ] = 900.0,
     nproc_per_node: Annotated[
         int,
         typer.Option(

@@ -1,4 +1,9 @@
-"""`budgettune verify`: re-measure a pinned config in fresh processes against its limit."""
+"""`budgettune verify`: re-measure a pinned config in fresh processes against its limit.
+
+A pin is a file anyone may hand over, and its ``workload`` is code that runs: `verify_pin`
+says which code it will import before running anything, and refuses a pin whose re-measured
+workload is not the one it was measured on (its fingerprint digest differs), unless told to.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import PinNoLongerFitsError
-from budgettune.pinning import load_pinned
+from budgettune.errors import PinNoLongerFitsError, WorkloadMismatchError
+from budgettune.pinning import PinnedConfig, load_pinned
 from budgettune.trial.launcher import check_device_available, launch_trial
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialRun
 from budgettune.units import format_bytes
+from budgettune.workload import check_reference, reference_origin
+
+ALLOW_OTHER_WORKLOAD_FLAG = "--allow-other-workload"
+"""The CLI flag that lets `verify` measure a workload other than the pinned one."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,6 +37,9 @@ class VerifyReport:
     """The metric the limit applies to."""
     results: tuple[TrialResult, ...]
     """One per fresh run."""
+    workload_mismatch: str = ""
+    """How the measured workload differs from the pinned one (allowed by the caller), or
+    empty when it is the same."""
 
     @property
     def failed(self) -> list[TrialResult]:
@@ -70,6 +82,7 @@ class VerifyReport:
             "worst_peak_bytes": self.worst_peak_bytes,
             "step_time_ms": self.step_time_ms,
             "fits": not self.failed and (self.worst_peak_bytes or 0) <= self.limit_bytes,
+            "workload_mismatch": self.workload_mismatch,
             "results": [r.to_json_dict() for r in self.results],
         }
 
@@ -81,19 +94,39 @@ def verify_pin(
     device: str | None,
     timeout_s: float,
     run_dir: Path,
+    allow_other_workload: bool = False,
+    on_start: Callable[[str], None] | None = None,
     on_run: Callable[[int, TrialResult], None] | None = None,
 ) -> VerifyReport:
     """Re-measure the pin at ``path`` ``runs`` times, each in a fresh process.
 
+    Args:
+        allow_other_workload: measure on when the workload's fingerprint differs from the pin's
+            (or the pin records none); the report says how it differs.
+        on_start: called once, before anything runs, with one line naming the code the
+            trials will import.
+        on_run: called after each run with its index and result.
+
     Raises:
         PinnedConfigError: the file is missing, corrupt or of another schema.
+        WorkloadError: the pin's workload does not resolve (e.g. its file does not exist).
+        WorkloadMismatchError: without ``allow_other_workload``, the pin records no workload
+            fingerprint (before running), or the first run's workload has another one (then
+            the other runs do not start).
         DeviceUnavailableError: the device is not here.
     """
     pinned = load_pinned(path, warn=False, apply_allocator=False)  # the trial child sets it
     doc = pinned.document
+    reference = doc["workload"]
+    check_reference(reference)
+    if not pinned_digest(pinned) and not allow_other_workload:
+        raise WorkloadMismatchError(
+            f"{path} records no workload fingerprint to check {reference} against; pass "
+            f"{ALLOW_OTHER_WORKLOAD_FLAG} to measure it anyway"
+        )
     run = TrialRun(
         spec=pinned.spec,
-        workload=doc["workload"],
+        workload=reference,
         workload_options=doc.get("workload_options", {}),
         device=device or doc.get("device", "cpu"),
         cache_root=None,
@@ -101,15 +134,42 @@ def verify_pin(
         nproc_per_node=int(doc.get("world_size", 1)),
     )
     check_device_available(run.device)
+    if on_start is not None:
+        on_start(f"verify: importing the workload {reference_origin(reference)}, as {path} says")
     results = []
+    mismatch = ""
     for index in range(runs):
         result = launch_trial(run, run_dir=run_dir / f"run-{index}", timeout_s=timeout_s)
         results.append(result)
         if on_run is not None:
             on_run(index, result)
+        mismatch = mismatch or workload_mismatch(pinned, result)
+        if mismatch and not allow_other_workload:
+            raise WorkloadMismatchError(
+                f"{path}: {reference} is not the workload this pin was measured on: {mismatch}; "
+                f"pass {ALLOW_OTHER_WORKLOAD_FLAG} to verify it anyway (log {result.log_path})"
+            )
     return VerifyReport(
         path=str(path),
         limit_bytes=int(doc["limit_bytes"]),
         mem_metric=doc["mem_metric"],
         results=tuple(results),
+        workload_mismatch=mismatch,
     )
+
+
+def pinned_digest(pinned: PinnedConfig) -> str:
+    """The pinned workload's fingerprint digest (empty when the pin records none)."""
+    return str((pinned.fingerprint.get("workload") or {}).get("digest") or "")
+
+
+def workload_mismatch(pinned: PinnedConfig, result: TrialResult) -> str:
+    """How the workload a run built differs from the pinned one; empty when the digests agree
+    or the run built none (it failed before: its outcome says so)."""
+    measured = result.workload_fingerprint
+    if measured is None:
+        return ""
+    if not pinned_digest(pinned):
+        return "the pin records no workload fingerprint"
+    reasons = pinned.check_workload(measured)
+    return reasons[0] if reasons else ""

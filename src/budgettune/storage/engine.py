@@ -1,8 +1,8 @@
 """Storage URLs, SQLAlchemy engines and the connection errors users see.
 
 A storage is named by a SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``) or by a plain
-file path, which means a SQLite file. SQLite files run in WAL mode with a long busy timeout so a
-dashboard can read while a search writes.
+file path, which means a SQLite file. SQLite files run in WAL mode (set once they are ours, see
+`use_wal`) with a long busy timeout so a dashboard can read while a search writes.
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def engine_kwargs(url: str) -> dict[str, object]:
 
 
 def create_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite connections get WAL mode and real transactions.
+    """An engine for ``url``; SQLite connections get a long busy timeout and real transactions
+    (`use_wal` puts a file in WAL mode once it is known to be ours).
 
     Raises:
         StorageError: when the database driver is not installed.
@@ -134,11 +135,26 @@ def create_engine(url: str) -> Engine:
             "for PostgreSQL run `pip install 'budgettune[postgres]'`"
         ) from None
     if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine, in_memory=sqlite_file(url) is None)
+        _configure_sqlite(engine)
     return engine
 
 
-def _configure_sqlite(engine: Engine, *, in_memory: bool) -> None:
+def use_wal(engine: Engine) -> None:
+    """Put a SQLite file in WAL mode (a setting the file keeps), so a dashboard reads while a
+    search writes. Only once the file is known to be ours to write: the switch rewrites its
+    header, and connecting must change nothing in someone else's database."""
+    if engine.dialect.name != "sqlite" or sqlite_file(engine.url.render_as_string()) is None:
+        return
+    connection = engine.raw_connection()  # outside any transaction: WAL cannot be set inside
+    try:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+    finally:
+        connection.close()
+
+
+def _configure_sqlite(engine: Engine) -> None:
     # pysqlite only emits BEGIN before DML, so DDL (migrations) would run outside any
     # transaction; take over transaction control as the SQLAlchemy docs recommend:
     # https://docs.sqlalchemy.org/en/20/dialects/sqlite.html#serializable-isolation-savepoints-transactional-ddl
@@ -148,8 +164,6 @@ def _configure_sqlite(engine: Engine, *, in_memory: bool) -> None:
         cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
         try:
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}")
-            if not in_memory:
-                cursor.execute("PRAGMA journal_mode = WAL")
         finally:
             cursor.close()
 

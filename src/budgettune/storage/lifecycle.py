@@ -13,7 +13,7 @@ import sqlalchemy
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from budgettune.errors import StorageError
+from budgettune.errors import ForeignDatabaseError, StorageError
 from budgettune.storage import migrations
 from budgettune.storage.engine import (
     check_connection,
@@ -23,10 +23,13 @@ from budgettune.storage.engine import (
     normalize_url,
     one_line,
     sqlite_file,
+    use_wal,
 )
 from budgettune.storage.repository import Storage
 
 OPTUNA_STUDIES_TABLE = "studies"
+OPTUNA_VERSION_TABLE = "version_info"
+_FOREIGN_NAMES_SHOWN = 5
 
 
 def open_storage(
@@ -47,6 +50,7 @@ def open_storage(
     Raises:
         StorageError: the URL is malformed, the server cannot be reached, or (``create=False``)
             there is nothing there.
+        ForeignDatabaseError: (``create``) the database holds tables, none Optuna's or ours.
         SchemaBehindError: our or Optuna's tables are older than this installation.
         SchemaAheadError: they were written by a newer budgettune or Optuna.
     """
@@ -65,6 +69,9 @@ def open_storage(
                 raise StorageError(
                     f"{shown} holds no studies; run `budgettune search --storage {shown}` first"
                 )
+            if create:
+                _refuse_foreign(engine, shown)
+                use_wal(engine)
             rdb = _optuna_storage(full_url, heartbeat_interval_s, create=create)
             migrations.check_optuna(rdb, shown)
             ours = {name for name in tables if name.startswith("bt_")}
@@ -92,6 +99,7 @@ def upgrade(url: str | None) -> tuple[str | None, str]:
 
     Raises:
         StorageError: the server cannot be reached.
+        ForeignDatabaseError: the database holds tables, none of them Optuna's or ours.
         SchemaAheadError: the database was written by a newer budgettune or Optuna.
     """
     full_url = normalize_url(url)
@@ -101,6 +109,8 @@ def upgrade(url: str | None) -> tuple[str | None, str]:
     try:
         with _storage_errors(shown):
             check_connection(engine, full_url)
+            _refuse_foreign(engine, shown)
+            use_wal(engine)
             rdb = _optuna_storage(full_url, None, create=True)
             if migrations.optuna_is_behind(rdb, shown):
                 rdb.upgrade()
@@ -168,6 +178,33 @@ def _storage_errors(shown: str) -> Iterator[None]:
         yield
     except DBAPIError as exc:
         raise StorageError(f"storage {shown}: {one_line(exc)}") from None
+
+
+def _refuse_foreign(engine: Engine, shown: str) -> None:
+    """Add nothing to a database that holds tables or views, none of them Optuna's or ours (a
+    file path mistyped, another program's database); an empty one is ours to fill.
+
+    Raises:
+        ForeignDatabaseError: naming what it holds.
+    """
+    with engine.connect() as connection:
+        inspector = sqlalchemy.inspect(connection)
+        names = set(inspector.get_table_names()) | set(inspector.get_view_names())
+    known = {OPTUNA_STUDIES_TABLE, OPTUNA_VERSION_TABLE, migrations.VERSION_TABLE}
+    if not names or names & known or any(name.startswith("bt_") for name in names):
+        return
+    found = sorted(names)
+    listed = ", ".join(found[:_FOREIGN_NAMES_SHOWN])
+    more = (
+        f" and {len(found) - _FOREIGN_NAMES_SHOWN} more"
+        if len(found) > _FOREIGN_NAMES_SHOWN
+        else ""
+    )
+    raise ForeignDatabaseError(
+        f"{shown} is another program's database (it holds {listed}{more}, neither Optuna's "
+        "nor budgettune's tables); budgettune adds its tables only to an empty database or "
+        "its own: give a new file or an empty database"
+    )
 
 
 def _table_names(engine: Engine) -> set[str]:

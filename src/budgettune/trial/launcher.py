@@ -12,21 +12,20 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime
-import fcntl
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from budgettune.errors import DeviceUnavailableError, SpecError
 from budgettune.trial import nvml
+from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
 from budgettune.trial.processes import (
     end_session,
     interrupts_kept,
@@ -174,6 +173,8 @@ def launch_trial(
         run: what to measure (written to ``run_dir/SPEC.json``).
         run_dir: folder for this trial's spec, result and log; created if missing.
         timeout_s: wall-clock limit for the whole child; past it the process tree is killed.
+            A CPU trial waits at most as long for the host's CPU-trial lock (`cpu_trial_lock`),
+            then ends as ``timeout`` without starting.
         extra_env: environment variables added for the child.
 
     Returns:
@@ -205,8 +206,20 @@ def launch_trial(
     if run.nproc_per_node > 1:
         command = torchrun_command(spec_path, result_path, run.nproc_per_node)
     logger.info("trial %s: %s", folder.name, " ".join(command))
-    on_cpu = child_device == "cpu"
-    with cpu_trial_lock() if on_cpu else contextlib.nullcontext(), open(log_path, "ab") as log:
+    try:  # the wait for the host's one CPU trial at a time is bounded by the trial's timeout
+        lock = cpu_trial_lock(timeout_s) if child_device == "cpu" else None
+    except CpuLockTimeout as exc:
+        with open(log_path, "ab") as log:
+            _log_line(log, f"not started: {exc}")
+        return TrialResult(
+            outcome=TrialOutcome.TIMEOUT,
+            error=str(exc),
+            log_path=str(log_path),
+            wall_s=exc.waited_s,
+        )
+    with lock or contextlib.nullcontext(), open(log_path, "ab") as log:
+        if lock is not None and lock.waited_s:
+            _log_line(log, f"waited {lock.waited_s:.1f} s for the CPU-trial lock {lock.path}")
         _log_line(log, f"starting {' '.join(command)}")
         started = time.monotonic()
         process: subprocess.Popen[bytes] | None = None
@@ -265,43 +278,3 @@ def _log_line(log: IO[bytes], text: str) -> None:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
     log.write(f"{stamp} INFO budgettune.trial.launcher: {text}\n".encode())
     log.flush()
-
-
-CPU_LOCK_ENV = "BUDGETTUNE_CPU_LOCK"
-"""Environment variable naming the host-wide CPU-trial lock file (default: in the temp dir)."""
-
-
-def cpu_lock_path() -> Path:
-    """The file whose lock one CPU trial on this host holds at a time."""
-    default = Path(tempfile.gettempdir()) / "budgettune-cpu.lock"
-    return Path(os.environ.get(CPU_LOCK_ENV) or default)
-
-
-@contextlib.contextmanager
-def cpu_trial_lock() -> Iterator[None]:
-    """Hold the host's CPU-trial lock: CPU trials, like GPU trials, run one at a time.
-
-    Two CPU trials side by side time each other's contention, not the configuration (449 ms
-    alone vs 4.8-5.6 s beside two others, on a 2-core host), so every CPU trial of every
-    worker, search and `budgettune trial` on a host waits for this `flock`.
-    """
-    path = cpu_lock_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # one file for every user of the host: made writable by all
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:  # another user made it without write access: lock per user
-        fd = os.open(path.with_name(f"{path.stem}-{os.getuid()}{path.suffix}"),
-                     os.O_RDWR | os.O_CREAT, 0o600)  # fmt: skip
-    else:
-        with contextlib.suppress(PermissionError):
-            os.fchmod(fd, 0o666)  # the umask took write access from the others
-    with os.fdopen(fd, "r+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another CPU trial on this host to finish (%s)", path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
