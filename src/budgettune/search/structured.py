@@ -1,0 +1,241 @@
+"""The opening a person would try (issue 30): settle the free choices, then map block AC.
+
+A hand grid's winner is usually a structured point (checkpoint every 2nd block, the fused
+optimizer), and a sampler spread over a wide space (a continuous budget, solvers, op toggles,
+strides, policies, optimizers, allocators) pairs them late: 12 trials of TPE pinned 7 % behind
+such a point on a transformers decoder, or 1.8 %, depending on its seed. So a study of
+`STRUCTURED_MIN_TRIALS` trials or more opens with:
+
+1. **settle probes**: each free choice that often wins on both axes (the fused optimizer,
+   expandable segments on CUDA) measured once, flipped, at full block AC (the configuration
+   most likely to run). A value that is no worse on memory and time, and better on one beyond
+   noise, is held for the rest of the study (`settle`); a knob where neither value dominates
+   stays searched;
+2. **structured points**: block AC every k blocks for each policy at the settled knobs,
+   placed by bisection on the memory axis (`next_structured`): more blocks checkpointed never
+   holds more memory, so a stride that fits rules out the smaller ones (slower) and a stride
+   over the limit rules out the larger ones; "no block AC" is the largest stride;
+3. then the sampler, with the settled knobs held, refines budgets, op lists and solvers
+   around what fits.
+
+Everything here is pure: it reads what was measured (`Point`) and says what to measure next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from budgettune.search.spec import SearchSpec
+from budgettune.trial.spec import EXPANDABLE, TrialSpec
+
+STRUCTURED_MIN_TRIALS = 8
+"""From this many trials a study opens with settle probes and structured points."""
+SETTLE_PREFIX = "settle-"
+"""Baseline label of a settle probe: ``settle-optimizer_impl``."""
+STRUCTURED_PREFIX = "structured-"
+"""Baseline label of a structured point: ``structured-full-2``, ``structured-none``."""
+TIME_NOISE = 0.01
+"""Relative step-time difference below which two configurations are equally fast."""
+PEAK_NOISE = 0.002
+"""Relative peak difference below which two configurations hold the same memory."""
+SETTLED_ATTR = "settled"
+"""Study user attr: ``{knob: {"value": ..., "reason": ...}}`` of the held free choices."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Point:
+    """One trial of the study as the opening sees it."""
+
+    label: str | None
+    """Its baseline label (None: the sampler's)."""
+    spec: TrialSpec
+    """The configuration."""
+    finished: bool
+    """Whether it has an outcome (running or queued: not yet)."""
+    outcome: str | None = None
+    """``ok``, ``oom``, ``crashed``... when finished."""
+    peak_bytes: int | None = None
+    """Peak on the study's memory metric, when measured."""
+    step_time_ms: float | None = None
+    """Median step time, when measured."""
+    fits: bool | None = None
+    """Peak x (1 + margin) within the limit (None: not measured)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settlement:
+    """A free choice held for the rest of a study."""
+
+    knob: str
+    """The `TrialSpec` field."""
+    value: Any
+    """The value held."""
+    reason: str
+    """Why, with the two measurements."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The study attr's form (`SETTLED_ATTR`)."""
+        return {"value": self.value, "reason": self.reason}
+
+
+def _free_choices(search: SearchSpec) -> list[tuple[str, Any]]:
+    """The searched two-way choices worth settling first, with the value probed."""
+    space, out = search.space, []
+    if "optimizer_impl" not in space.fixed and {"fused"} < set(space.optimizer_impls):
+        out.append(("optimizer_impl", "fused"))
+    if "cuda_alloc_conf" not in space.fixed and {EXPANDABLE} < set(space.cuda_alloc_confs):
+        out.append(("cuda_alloc_conf", EXPANDABLE))
+    return out
+
+
+def wants_structured_opening(search: SearchSpec) -> bool:
+    """Whether the study is long enough, and block AC searched, for the structured opening."""
+    strides = [s for s in search.space.block_ac_every if s > 0]
+    return search.num_trials >= STRUCTURED_MIN_TRIALS and "block_ac_every" not in (
+        search.space.fixed
+    ) and bool(strides)
+
+
+def settle_probes(search: SearchSpec, full_ac: TrialSpec) -> list[tuple[str, TrialSpec]]:
+    """The settle probes: full block AC (``full_ac``, as given) with one free choice flipped."""
+    if search.num_trials < STRUCTURED_MIN_TRIALS:
+        return []
+    return [
+        (SETTLE_PREFIX + knob, full_ac.replace(**{knob: value}))
+        for knob, value in _free_choices(search)
+    ]
+
+
+def _dominates(a: Point, b: Point) -> bool:
+    """``a`` is no worse than ``b`` on memory and time, and better on one beyond noise."""
+    assert a.peak_bytes is not None and b.peak_bytes is not None
+    assert a.step_time_ms is not None and b.step_time_ms is not None
+    no_worse = (
+        a.peak_bytes <= b.peak_bytes * (1 + PEAK_NOISE)
+        and a.step_time_ms <= b.step_time_ms * (1 + TIME_NOISE)
+    )
+    better = (
+        a.peak_bytes < b.peak_bytes * (1 - PEAK_NOISE)
+        or a.step_time_ms < b.step_time_ms * (1 - TIME_NOISE)
+    )
+    return no_worse and better
+
+
+def _figures(point: Point) -> str:
+    return f"{(point.peak_bytes or 0) / 1e9:.3f} GB, {point.step_time_ms or 0:.1f} ms"
+
+
+def settle(points: Sequence[Point], reference_label: str) -> list[Settlement]:
+    """The free choices decided by the finished settle probes against the reference.
+
+    Args:
+        points: the study's trials.
+        reference_label: the label of the probes' reference (full block AC, as given).
+
+    Returns:
+        One settlement per probe whose value or the reference's dominates; a probe that
+        crashed while the reference ran settles the reference's value (the probed one cannot
+        run here, e.g. ``fused`` for an optimizer without that flag).
+    """
+    reference = next((p for p in points if p.label == reference_label and p.finished), None)
+    if reference is None or reference.outcome != "ok":
+        return []
+    settled = []
+    for probe in points:
+        if not (probe.label or "").startswith(SETTLE_PREFIX) or not probe.finished:
+            continue
+        knob = (probe.label or "")[len(SETTLE_PREFIX) :]
+        tried, given = getattr(probe.spec, knob), getattr(reference.spec, knob)
+        if probe.outcome == "crashed":
+            settled.append(Settlement(knob=knob, value=given, reason=f"{tried!r} crashed"))
+        elif probe.outcome != "ok":
+            continue  # out of memory or broken numerics: no comparison on both axes
+        elif _dominates(probe, reference):
+            reason = f"{tried!r} {_figures(probe)} vs {given!r} {_figures(reference)}"
+            settled.append(Settlement(knob=knob, value=tried, reason=reason))
+        elif _dominates(reference, probe):
+            reason = f"{given!r} {_figures(reference)} vs {tried!r} {_figures(probe)}"
+            settled.append(Settlement(knob=knob, value=given, reason=reason))
+    return settled
+
+
+def _ordered_strides(search: SearchSpec) -> list[int]:
+    """Block-AC strides from most to least checkpointing; 0 (no block AC) last."""
+    strides = sorted({s for s in search.space.block_ac_every if s > 0})
+    return strides + ([0] if 0 in search.space.block_ac_every else [])
+
+
+def structured_spec(base: TrialSpec, policy: str, stride: int) -> TrialSpec:
+    """``base`` at budget 1.0 with block AC of ``policy`` every ``stride`` blocks (0: none)."""
+    return base.replace(
+        activation_memory_budget=1.0,
+        block_ac_every=stride,
+        block_ac_policy=policy if stride else "full",
+    )
+
+
+def structured_label(policy: str, stride: int) -> str:
+    """The baseline label of a structured point."""
+    return STRUCTURED_PREFIX + (f"{policy}-{stride}" if stride else "none")
+
+
+def next_structured(
+    search: SearchSpec,
+    points: Sequence[Point],
+    base: TrialSpec,
+    policies: Sequence[str],
+) -> tuple[str, TrialSpec] | None:
+    """The next structured point to measure, or None when the map is complete (or waits for
+    a point that is still running).
+
+    For each policy, the strides are ordered from most to least checkpointing; a point that
+    fits rules out the strides before it (they hold less memory and recompute more), a point
+    over the limit (or out of memory, or crashed) those after it; the next point is the middle
+    of what is left unknown. A configuration already measured, running or queued (a baseline,
+    a settle probe) is never measured again.
+
+    Args:
+        search: the search (its space's strides).
+        points: every trial of the study, finished or not.
+        base: the configuration at the settled knobs, as given otherwise.
+        policies: the block-AC policies still searched.
+    """
+    by_spec: dict[TrialSpec, Point] = {}
+    for point in points:
+        known = by_spec.get(point.spec)
+        if known is None or (point.finished and not known.finished):
+            by_spec[point.spec] = point
+    strides = _ordered_strides(search)
+    full_missing = len(strides)  # the op policy saves more than full: it misses where full does
+    for policy in sorted(policies, key=lambda name: name != "full"):
+        specs = [structured_spec(base, policy, stride) for stride in strides]
+        fitting, missing = -1, len(specs) if policy == "full" else full_missing
+        for index, spec in enumerate(specs):
+            point = by_spec.get(spec)
+            if point is None or not point.finished:
+                continue
+            if point.fits:
+                fitting = max(fitting, index)
+            else:
+                missing = min(missing, index)
+        if policy == "full":
+            full_missing = missing
+        if missing - fitting <= 1:
+            continue  # this policy's boundary is mapped
+        index = (fitting + missing) // 2
+        if by_spec.get(specs[index]) is not None:  # still running or queued
+            continue
+        return structured_label(policy, strides[index]), specs[index]
+    return None
+
+
+def settled_attr(settlements: Sequence[Settlement]) -> dict[str, Any]:
+    """The study attr of held choices."""
+    return {s.knob: s.to_json_dict() for s in settlements}
+
+
+def held_values(attr: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{knob: value}`` from the study attr (`SETTLED_ATTR`)."""
+    return {knob: entry["value"] for knob, entry in (attr or {}).items()}

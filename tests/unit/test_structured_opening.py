@@ -1,0 +1,134 @@
+"""The structured opening's decisions (issue 30), on measurements given by hand: which free
+choices settle, and which block-AC points the bisection measures next."""
+
+from __future__ import annotations
+
+from budgettune.search.space import SearchSpace
+from budgettune.search.spec import SearchSpec
+from budgettune.search.structured import (
+    Point,
+    next_structured,
+    settle,
+    settle_probes,
+    structured_label,
+    structured_spec,
+    wants_structured_opening,
+)
+from budgettune.trial.spec import EXPANDABLE, TrialSpec
+
+GB = 1_000_000_000
+FULL_AC = TrialSpec(block_ac_every=1)
+
+
+def _search(trials: int = 12, **space: object) -> SearchSpec:
+    return SearchSpec(
+        workload="builtin:tiny-gpt",
+        study_name="s",
+        max_mem_bytes=10 * GB,
+        num_trials=trials,
+        space=SearchSpace(
+            optimizer_impls=("as_written", "fused"),
+            cuda_alloc_confs=("", EXPANDABLE),
+            **space,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def _ok(label: str | None, spec: TrialSpec, gb: float, ms: float, limit_gb: float = 10) -> Point:
+    return Point(
+        label=label,
+        spec=spec,
+        finished=True,
+        outcome="ok",
+        peak_bytes=int(gb * GB),
+        step_time_ms=ms,
+        fits=gb * 1.03 <= limit_gb,
+    )
+
+
+def test_probes_flip_each_free_choice_at_full_block_ac_only_in_a_long_study() -> None:
+    probes = dict(settle_probes(_search(), FULL_AC))
+    assert probes == {
+        "settle-optimizer_impl": FULL_AC.replace(optimizer_impl="fused"),
+        "settle-cuda_alloc_conf": FULL_AC.replace(cuda_alloc_conf=EXPANDABLE),
+    }
+    assert settle_probes(_search(trials=5), FULL_AC) == []
+    fixed = _search(fixed={"optimizer_impl": "fused"})
+    assert [label for label, _ in settle_probes(fixed, FULL_AC)] == ["settle-cuda_alloc_conf"]
+    assert wants_structured_opening(_search())
+    assert not wants_structured_opening(_search(block_ac_every=(0,)))
+
+
+def test_a_value_better_on_both_axes_is_held_and_a_trade_off_is_not() -> None:
+    reference = _ok("block-ac-every-1", FULL_AC, 6.39, 63.9)
+    fused = _ok("settle-optimizer_impl", FULL_AC.replace(optimizer_impl="fused"), 6.10, 58.0)
+    expandable = _ok(  # less memory, slower beyond noise: a trade-off
+        "settle-cuda_alloc_conf", FULL_AC.replace(cuda_alloc_conf=EXPANDABLE), 6.0, 66.0
+    )
+    settled = settle([reference, fused, expandable], "block-ac-every-1")
+    assert [(s.knob, s.value) for s in settled] == [("optimizer_impl", "fused")]
+    assert "'fused' 6.100 GB, 58.0 ms vs 'as_written' 6.390 GB, 63.9 ms" in settled[0].reason
+
+
+def test_noise_is_no_win_and_the_reference_can_win_too() -> None:
+    reference = _ok("block-ac-every-1", FULL_AC, 6.39, 63.9)
+    same = _ok("settle-optimizer_impl", FULL_AC.replace(optimizer_impl="fused"), 6.39, 63.7)
+    worse = _ok("settle-cuda_alloc_conf", FULL_AC.replace(cuda_alloc_conf=EXPANDABLE), 6.5, 70)
+    settled = settle([reference, same, worse], "block-ac-every-1")
+    assert [(s.knob, s.value) for s in settled] == [("cuda_alloc_conf", "")]
+
+
+def test_a_probe_that_crashes_holds_the_given_value_and_unfinished_ones_wait() -> None:
+    reference = _ok("block-ac-every-1", FULL_AC, 6.39, 63.9)
+    crashed = Point(
+        label="settle-optimizer_impl",
+        spec=FULL_AC.replace(optimizer_impl="fused"),
+        finished=True,
+        outcome="crashed",
+    )
+    running = Point(
+        label="settle-cuda_alloc_conf",
+        spec=FULL_AC.replace(cuda_alloc_conf=EXPANDABLE),
+        finished=False,
+    )
+    settled = settle([reference, crashed, running], "block-ac-every-1")
+    assert [(s.knob, s.value, s.reason) for s in settled] == [
+        ("optimizer_impl", "as_written", "'fused' crashed")
+    ]
+    assert settle([crashed], "block-ac-every-1") == []  # no reference yet
+
+
+def test_the_bisection_maps_each_policy_with_few_points() -> None:
+    """Strides 1, 2, 4 and none: full fits at 1 (the baseline); the bisection tries 4, then
+    2 when 4 is over; op starts where full says it can still fit."""
+    search = _search(block_ac_every=(0, 1, 2, 4), block_ac_policies=("full", "op"))
+    base = TrialSpec(optimizer_impl="fused")  # the settled knobs
+    peaks = {("full", 1): 6.4, ("full", 2): 9.0, ("full", 4): 10.6, ("full", 0): 13.9}
+    peaks |= {("op", 1): 6.7, ("op", 2): 10.5, ("op", 4): 11.0}
+    points = [_ok("full-1", structured_spec(base, "full", 1), 6.4, 63.9)]
+    asked = []
+    while (step := next_structured(search, points, base, ("full", "op"))) is not None:
+        label, spec = step
+        key = (spec.block_ac_policy if spec.block_ac_every else "full", spec.block_ac_every)
+        asked.append(label)
+        points.append(_ok(label, spec, peaks[key], 60.0))
+    assert asked == [
+        structured_label("full", 4),  # over: full's boundary lies between 1 and 4
+        structured_label("full", 2),  # fits: mapped
+        structured_label("op", 1),  # op can fit at 1 only where full fits at 2 at most
+        structured_label("op", 2),
+    ]
+
+
+def test_a_point_still_running_is_not_asked_twice_and_nothing_is_measured_again() -> None:
+    search = _search(block_ac_every=(0, 1, 2), block_ac_policies=("full",))
+    base = TrialSpec()
+    running = Point(label="x", spec=structured_spec(base, "full", 2), finished=False)
+    assert next_structured(search, [running], base, ("full",)) is None
+    # the unconstrained baseline is the "none" point at the knobs as given: known already
+    points = [
+        _ok("unconstrained", structured_spec(base, "full", 0), 13.9, 50.0),
+        _ok("block-ac-every-1", structured_spec(base, "full", 1), 6.4, 63.9),
+    ]
+    step = next_structured(search, points, base, ("full",))
+    assert step == (structured_label("full", 2), structured_spec(base, "full", 2))
