@@ -23,11 +23,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import optuna
+
 from budgettune.search.space import SearchSpace
-from budgettune.storage.trials import BASELINE_ATTR, FULL_AC, UNCONSTRAINED
+from budgettune.storage.trials import (
+    BASELINE_ATTR,
+    EXCLUDED_ATTR,
+    FULL_AC,
+    UNCONSTRAINED,
+    describe_exclusion,
+)
 
 RAN = ("ok", "oom", "numerics_mismatch")
 """Outcomes that prove a configuration runs (a crash did not happen)."""
@@ -151,6 +159,17 @@ def find_exclusions(
         error = group[-1][1].get("error", "")
         new.append(_entry(*pair, f"crashed the same way {len(holders)} times", error, holders))
     return new
+
+
+def remember_crashes(study: optuna.Study, notice: Callable[[str], None]) -> None:
+    """Add the exclusions the study's trials call for to its `EXCLUDED_ATTR`; say each once."""
+    excluded = list(study.user_attrs.get(EXCLUDED_ATTR, []))
+    trials = [(t.number, t.user_attrs) for t in study.get_trials(deepcopy=False)]
+    new = find_exclusions(trials, excluded)
+    if new:
+        study.set_user_attr(EXCLUDED_ATTR, excluded + new)
+        for entry in new:
+            notice(f"{describe_exclusion(entry)}; not proposed again")
 
 
 def narrow(space: SearchSpace, excluded: Sequence[Mapping[str, Any]]) -> SearchSpace:

@@ -62,3 +62,16 @@ def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
             f"{study_name!r}: {exc}"
         ) from exc
     logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))
+
+
+def refresh_views(storage: storage_mod.Storage, study_name: str) -> None:
+    """`publish_views`, with a failure logged instead of raised: the views are a nicety, and
+    the search must go on."""
+    try:
+        publish_views(storage, study_name)
+    except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
+        # One line: a storage outage also stops the search right after, with its own line;
+        # the traceback is there for `--debug`.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        logger.warning("could not refresh the dashboard views: %s", reason)
+        logger.debug("dashboard views traceback", exc_info=True)

@@ -29,7 +29,7 @@ from budgettune.errors import BudgettuneError, UsageError, WorkloadFailedError
 from budgettune.pinning import (
     margin_violation_bytes,
 )
-from budgettune.search.crash_memory import find_exclusions, narrow
+from budgettune.search.crash_memory import narrow, remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
 from budgettune.search.opening import enqueue_baseline, open_study
@@ -52,7 +52,6 @@ from budgettune.storage.trials import (
     EXCLUDED_ATTR,
     UNCONSTRAINED,
     best_feasible_ms,
-    describe_exclusion,
     unconstrained_baseline,
 )
 from budgettune.trial.launcher import launch_trial
@@ -189,7 +188,7 @@ class Searcher:
         else:
             self._emit(trial.number, spec, result)
             if result.outcome is TrialOutcome.CRASHED:
-                self.learn_from_crash()
+                remember_crashes(self.study, self.observer.notice)
                 if trial.user_attrs.get(BASELINE_ATTR) == HIGH_BUDGET:
                     self.retry_high_budget()
             if result.failed_stage == "workload":
@@ -214,16 +213,6 @@ class Searcher:
             raise optuna.TrialPruned(f"does not fit: {result.outcome.value}")
         assert result.measurement is not None
         return result.measurement.step_time_ms
-
-    def learn_from_crash(self) -> None:
-        """Exclude knob values that crash structurally (`search.crash_memory`); say so once."""
-        excluded = list(self.study.user_attrs.get(EXCLUDED_ATTR, []))
-        trials = [(t.number, t.user_attrs) for t in self.study.get_trials(deepcopy=False)]
-        new = find_exclusions(trials, excluded)
-        if new:
-            self.study.set_user_attr(EXCLUDED_ATTR, excluded + new)
-            for entry in new:
-                self.observer.notice(f"{describe_exclusion(entry)}; not proposed again")
 
     def retry_high_budget(self) -> None:
         """The high-budget probe crashed: queue it at the user's own values (once: the retry
@@ -345,16 +334,9 @@ class Searcher:
 
     def publish(self) -> None:
         """Refresh the study's dashboard views; a failure is logged, never fatal."""
-        from budgettune.search.publish import publish_views
+        from budgettune.search.publish import refresh_views
 
-        try:
-            publish_views(self.store, self.search.study_name)
-        except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
-            # One line: a storage outage also stops the search right after, with its own line;
-            # the traceback is there for `--debug`.
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            logger.warning("could not refresh the dashboard views: %s", reason)
-            logger.debug("dashboard views traceback", exc_info=True)
+        refresh_views(self.store, self.search.study_name)
 
     def check_steady(self) -> None:
         """Refuse a limit below the steady memory some earlier trial measured."""
