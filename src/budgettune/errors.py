@@ -64,6 +64,11 @@ class WorkloadFailedError(BudgettuneError):
     search stops after that first trial (exit code 1)."""
 
 
+class NonFiniteLossError(BudgettuneError):
+    """In the trial child: the first step's loss or gradient norm is NaN or infinite. The
+    child turns it into the ``non_finite`` outcome; it never reaches the command line."""
+
+
 class NoFeasibleConfigError(BudgettuneError):
     """No measured configuration fits under the memory limit (exit code 3)."""
 

@@ -7,9 +7,10 @@ agrees, and a resumed study remembers):
 
 - **Twice the same way.** Two crashed trials whose errors have the same shape (exception type
   and message with numbers and addresses stripped) share a knob value no trial that ran (ok,
-  OOM or numerics mismatch) had: that value is excluded. When several qualify, the one held
-  by most of those crashes, then the first in `KNOBS` order (coarse before fine: block AC as
-  a whole before one stride or policy), is blamed; another repeat blames the next.
+  OOM, numerics mismatch or a non-finite loss) had: that value is excluded. When several
+  qualify, the one held by most of those crashes, then the first in `KNOBS` order (coarse
+  before fine: block AC as a whole before one stride or policy), is blamed; another repeat
+  blames the next.
 - **Its baseline crashed.** The full block-AC baseline crashed while the unconstrained one
   ran, and no block-AC trial ran: block AC is excluded (one trial lost).
 
@@ -36,9 +37,11 @@ from budgettune.storage.trials import (
     UNCONSTRAINED,
     describe_exclusion,
 )
+from budgettune.trial.results import TrialOutcome
 
-RAN = ("ok", "oom", "numerics_mismatch")
-"""Outcomes that prove a configuration runs (a crash did not happen)."""
+RAN = tuple(outcome.value for outcome in TrialOutcome if outcome.ran())
+"""Outcomes that prove a configuration runs (a crash did not happen): ok, oom, numerics
+mismatch, non-finite loss."""
 KNOBS = (
     "block_ac",
     "block_ac_policy",

@@ -27,8 +27,9 @@ from budgettune.storage.trials import (
     baseline_trial,
     feasible_candidates,
     smallest_peak,
+    trial_outcome,
 )
-from budgettune.trial.results import TrialResult
+from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes, format_percent
 
@@ -159,11 +160,11 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
         margin=search.margin,
     )
     full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
-    if full_ac is not None and full_ac.user_attrs.get("outcome") != "ok":
+    if full_ac is not None and trial_outcome(full_ac.user_attrs) is not TrialOutcome.OK:
         full_ac = None
     measured = unconstrained if status in ("ok", "over_limit") else None
     op_sac = baseline_trial(trials, OP_SAC)
-    if op_sac is not None and op_sac.user_attrs.get("outcome") != "ok":
+    if op_sac is not None and trial_outcome(op_sac.user_attrs) is not TrialOutcome.OK:
         op_sac = None
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
     baseline_runs, full_ac_runs, op_sac_runs = remeasure(
@@ -214,7 +215,7 @@ def no_feasible_error(
     what = "re-verified" if after_reverify else "measured"
     # a trial with wrong numerics does not count whatever the margin
     smallest_ok = smallest_peak(
-        (t for t in trials if t.user_attrs.get("outcome") == "ok"), search.mem_metric
+        (t for t in trials if trial_outcome(t.user_attrs) is TrialOutcome.OK), search.mem_metric
     )
     hint = margin_advice(smallest_ok[0], search) if smallest_ok and not after_reverify else ""
     advice = [a for a in (phase_advice(phase), hint) if a]

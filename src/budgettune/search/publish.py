@@ -19,6 +19,7 @@ from budgettune.present.dashboard_views import (
     study_note,
     trial_points,
 )
+from budgettune.storage.trials import trial_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,10 @@ def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
     metric = search.get("mem_metric", "device")
     trials = study.get_trials(deepcopy=False)
     points = trial_points(trials, metric)
-    num_failed = sum(t.user_attrs.get("outcome") in ("crashed", "timeout") for t in trials)
+    num_failed = sum(
+        (outcome := trial_outcome(t.user_attrs)) is not None and not outcome.tells_fit()
+        for t in trials
+    )
     pin = storage.latest_pin(study_name)
     figure = memory_time_figure(
         points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin

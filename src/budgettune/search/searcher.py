@@ -3,10 +3,10 @@
 Optuna minimises the median step time with the constraint ``peak × (1 + margin) − limit ≤ 0``
 on the chosen memory metric (its constraint support, not a penalty): the same "fits" as the
 pin's, so the sampler is not rewarded for configurations the pin would refuse. A trial that
-does not fit (over the limit, OOM, numerics mismatch) is PRUNED with its constraint stored (and
-its step time, if it has one, as its one intermediate value), so the sampler learns the
-boundary and Optuna's own "best trial" is the fastest that fits; crashes and timeouts are
-failed trials with the reason in user attrs. Every measurement also lands in
+does not fit (over the limit, OOM, numerics mismatch, a non-finite loss) is PRUNED with its
+constraint stored (and its step time, if it has one, as its one intermediate value), so the
+sampler learns the boundary and Optuna's own "best trial" is the fastest that fits; crashes
+and timeouts are failed trials with the reason in user attrs. Every measurement also lands in
 our ``bt_measurements``.
 This module never prints: progress goes to a callback the CLI renders.
 """
@@ -183,7 +183,7 @@ class Searcher:
             )
             if result.outcome is TrialOutcome.NUMERICS_MISMATCH:
                 violation = max(violation, 0.0) + 1.0
-        elif result.outcome is TrialOutcome.OOM:
+        elif result.outcome.is_infeasible_result():  # OOM, non-finite loss: no figures
             violation = float(limit)
         else:
             self._emit(trial.number, spec, result)
