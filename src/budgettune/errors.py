@@ -75,6 +75,13 @@ class NoFeasibleConfigError(BudgettuneError):
     exit_code = 3
 
 
+class NothingMeasuredError(BudgettuneError):
+    """No trial of the study could be measured at all: every one crashed, timed out or had a
+    non-finite loss, so the limit was never tested (exit code 4)."""
+
+    exit_code = 4
+
+
 class PinNoLongerFitsError(BudgettuneError):
     """`budgettune verify`: the re-measured pin is over its limit (exit code 3)."""
 

@@ -317,6 +317,7 @@ def test_real_cli_subprocess_help_documents_exit_codes() -> None:
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert "Exit codes" in top.stdout and "3 no configuration fits" in top.stdout
+    assert "4 no trial could be measured at all" in top.stdout
 
 
 @pytest.mark.parametrize(

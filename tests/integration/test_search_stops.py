@@ -3,6 +3,7 @@ limit that is certainly missing its unit is refused before any trial."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
@@ -55,3 +56,36 @@ def test_a_limit_without_its_unit_is_refused_before_any_trial(tmp_path: Path, mo
     assert "120 bytes is certainly missing its unit" in result.stderr
     assert "120GB or 120MB" in result.stderr
     assert not (tmp_path / "bt.db").exists()
+
+
+def test_a_workload_whose_loss_is_nan_ends_non_finite_and_exit_4(tmp_path: Path, monkeypatch):
+    """Issue 29, items 4 and 7: never "ok", never the best, and not "raise --max-mem" (3)."""
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'bt.db'}"
+    result = runner.invoke(
+        app,
+        ["search", "-w", f"{FIXTURES / 'faulty_workloads.py'}:nan_loss", "--device", "cpu",
+         "--max-mem", "1GB", "--trials", "1", "--storage", db, "--study", "nan", *FAST,
+         "--top-k", "1", "--reverify", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 4, result.output
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: no trial could be measured"), lines
+    assert "1 non_finite" in errors[0] and "first-step loss nan" in errors[0]
+    assert "trial.log" in errors[0] and "--max-mem" in errors[0]  # "a larger --max-mem will not"
+    assert any(line.startswith("trial 0: non_finite") for line in lines)  # the progress line
+    [trial] = [
+        t for t in optuna.load_study(study_name="nan", storage=db).trials
+        if t.state != optuna.trial.TrialState.WAITING
+    ]  # fmt: skip
+    assert trial.state == optuna.trial.TrialState.PRUNED  # infeasible, like an OOM
+    assert trial.user_attrs["outcome"] == "non_finite" and "loss" not in trial.user_attrs
+    shown = runner.invoke(app, ["show", "--storage", db, "--study", "nan"])
+    assert shown.exit_code == 0, shown.output
+    assert "non_finite" in shown.stdout and "no feasible trial yet" in shown.stdout
+    report = json.loads(runner.invoke(app, ["show", "--storage", db, "--json"]).stdout)
+    assert [(r["outcome"], r["feasible"]) for r in report["rows"] if r["state"] != "WAITING"] == [
+        ("non_finite", False)
+    ]
+    assert report["best"] is None and report["baseline_status"] == "non_finite"

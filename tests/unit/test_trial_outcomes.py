@@ -1,18 +1,22 @@
-"""Issue 29, item 4: a non-finite first-step loss is its own outcome wherever outcomes are
-read (show, the dashboard, crash memory, sharded merges, an old database)."""
+"""Issue 29, items 4 and 7: a non-finite first-step loss is its own outcome wherever outcomes
+are read (show, the dashboard, crash memory, sharded merges, an old database), and exit 4
+("no trial could be measured") is told apart from exit 3 ("nothing measured fits")."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 
+from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
 from budgettune.present.dashboard_views import trial_points
 from budgettune.present.report import study_report
 from budgettune.search.crash_memory import find_exclusions
+from budgettune.search.pin import no_feasible_error, nothing_measured_error
 from budgettune.storage import open_storage
 from budgettune.storage.trials import BASELINE_ATTR, UNCONSTRAINED, trial_outcome
 from budgettune.trial.ranks import merge_rank_results
@@ -102,3 +106,66 @@ def test_a_sharded_trial_keeps_its_ranks_non_finite_outcome() -> None:
     merged = merge_rank_results({0: stopped, 1: non_finite})
     assert (merged.outcome, merged.failed_rank) == (TrialOutcome.NON_FINITE, 1)
     assert "loss nan" in merged.error
+
+
+@dataclass
+class _Study:
+    trials: list[optuna.trial.FrozenTrial]
+
+    def get_trials(self, deepcopy: bool = False) -> list[optuna.trial.FrozenTrial]:
+        return self.trials
+
+
+@dataclass
+class _Search:
+    study_name: str = "s"
+    max_mem_bytes: int = LIMIT
+    mem_metric: str = "device"
+    margin: float = 0.03
+
+
+@dataclass
+class _Searcher:
+    study: _Study
+    search: _Search = field(default_factory=_Search)
+    runs_dir: str = "runs/s"
+
+
+def _ended(number: int, outcome: str, **attrs: Any) -> optuna.trial.FrozenTrial:
+    state = State.PRUNED if outcome in ("oom", "non_finite") else State.FAIL
+    trial = optuna.trial.create_trial(
+        state=state,
+        user_attrs={"outcome": outcome, "spec": TrialSpec().to_json_dict(), **attrs},
+    )
+    trial.number = number
+    return trial
+
+
+def test_exit_4_when_no_trial_was_measured_names_the_first_trials_error_and_log() -> None:
+    trials = [
+        _ended(2, "timeout", error="trial exceeded its 300 s timeout", log_path="/r/2.log"),
+        _ended(0, "crashed", error="ValueError: no parameters", log_path="/r/0.log"),
+        _ended(1, "non_finite", error="first-step loss nan", log_path="/r/1.log"),
+    ]
+    error = nothing_measured_error(_Searcher(_Study(trials)))  # type: ignore[arg-type]
+    assert isinstance(error, NothingMeasuredError) and error.exit_code == 4
+    line = str(error)
+    assert "1 crashed, 1 non_finite, 1 timeout" in line
+    assert "trial 0, ended crashed: ValueError: no parameters (log: /r/0.log)" in line
+    assert "\n" not in line
+
+
+def test_exit_3_as_soon_as_one_trial_was_measured_or_ran_out_of_memory() -> None:
+    crashed = _ended(0, "crashed", error="boom")
+    oom = _ended(1, "oom", error="CUDA out of memory")
+    searcher = _Searcher(_Study([crashed, oom]))
+    assert nothing_measured_error(searcher) is None  # type: ignore[arg-type]
+    error = no_feasible_error(searcher)  # type: ignore[arg-type]
+    assert isinstance(error, NoFeasibleConfigError) and error.exit_code == 3
+    assert "ran out of memory" in str(error)
+    over = optuna.trial.create_trial(
+        value=9.0, user_attrs=_measured("ok", peak=200_000_000, ms=9.0, loss=2.0)
+    )
+    assert nothing_measured_error(_Searcher(_Study([crashed, over]))) is None  # type: ignore[arg-type]
+    empty = nothing_measured_error(_Searcher(_Study([])))  # type: ignore[arg-type]
+    assert isinstance(empty, NothingMeasuredError) and "no finished trial" in str(empty)

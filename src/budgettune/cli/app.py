@@ -4,8 +4,9 @@ Each command parses its flags, builds a spec, makes one call and renders the ans
 `BudgettuneError` is caught here once: one line on stderr, exit code by kind (``--debug`` shows
 the traceback).
 
-Exit codes: 0 ok; 1 other errors (a trial that did not end ``ok``, a storage failure);
-2 usage (bad flag, file or reference); 3 no feasible config under the limit.
+Exit codes (`EXIT_CODES_HELP`): 0 ok; 1 other errors (a trial that did not end ``ok``, a
+storage failure); 2 usage (bad flag, file or reference); 3 nothing measured fits under the
+limit; 4 no trial could be measured at all; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from budgettune.errors import BudgettuneError, UsageError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 error (or a trial that did not end ok); 2 bad usage or input; "
-    "3 no configuration fits under the memory limit."
+    "3 no configuration fits under the memory limit (or a pin no longer does); "
+    "4 no trial could be measured at all (each crashed, timed out or had a non-finite loss); "
+    "130 interrupted (Ctrl-C), finished work kept."
 )
 
 app = typer.Typer(

@@ -174,7 +174,8 @@ def search(
     """Search the recompute knobs under --max-mem, re-verify the best, write the pin.
 
     Re-running the same command resumes the same study. Ctrl-C keeps every finished trial.
-    Exit code 3 when nothing fits under the limit.
+    Exit code 3 when nothing measured fits under the limit, 4 when no trial could be measured
+    at all.
     """
     from budgettune.pinning import write_pin
     from budgettune.search.run import run_search
