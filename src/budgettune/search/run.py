@@ -35,7 +35,8 @@ def run_search(
         NoFeasibleConfigError: nothing measured fits under the limit.
         NothingMeasuredError: no trial could be measured at all.
         WorkerFailedError: with ``gpus``, workers exited before the target was met.
-        KeyboardInterrupt: after the running trial is marked failed; finished ones are kept.
+        KeyboardInterrupt: after the running trial is failed and queued again (`Terminated`
+            for SIGTERM); finished ones are kept.
     """
     check_reference(search.workload)
     if gpus:

@@ -7,7 +7,9 @@ does not fit (over the limit, OOM, numerics mismatch, a non-finite loss) is PRUN
 constraint stored (and its step time, if it has one, as its one intermediate value), so the
 sampler learns the boundary and Optuna's own "best trial" is the fastest that fits; crashes
 and timeouts are failed trials with the reason in user attrs. Every measurement also lands in
-our ``bt_measurements``.
+our ``bt_measurements``. A trial that did not end through no fault of its configuration (an
+interrupt) is failed and queued again, as Optuna's stale-trial retry does for a dead worker's
+trial: it is re-run.
 This module never prints: progress goes to a callback the CLI renders.
 """
 
@@ -32,7 +34,12 @@ from budgettune.pinning import (
 from budgettune.search.crash_memory import narrow, remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
-from budgettune.search.opening import enqueue_baseline, open_study
+from budgettune.search.opening import (
+    ENQUEUED_SPEC_ATTR,
+    enqueue_baseline,
+    open_study,
+    requeue_unfinished,
+)
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
@@ -147,7 +154,7 @@ class Searcher:
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
-        enqueued = trial.user_attrs.get("enqueued_spec")
+        enqueued = trial.user_attrs.get(ENQUEUED_SPEC_ATTR)
         if enqueued is not None:
             # Baselines are measured exactly as defined, whatever the space would suggest;
             # suggest_spec still runs so the params match the distributions.
@@ -319,6 +326,10 @@ class Searcher:
         self.running_trial_id = None
         try:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+        except KeyboardInterrupt:
+            if self.running_trial_id is not None:  # not its configuration's fault: run it again
+                requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial_id)
+            raise
         except ValueError:
             trial_id = self.running_trial_id
             if trial_id is None:

@@ -242,7 +242,7 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
 
     Raises:
         WorkerFailedError: workers exited with an error before the target was met.
-        KeyboardInterrupt: after each worker was interrupted (its trial marked failed).
+        KeyboardInterrupt: after each worker was interrupted (its trial queued again).
     """
     url = searcher.store.url
     with database_errors(url):
@@ -298,7 +298,7 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
 
 
 def _stop(workers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:
-    """Interrupt every worker (each marks its running trial failed), then wait, then kill."""
+    """Interrupt every worker (each queues its running trial again), then wait, then kill."""
     for _, process, _ in workers:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
