@@ -64,6 +64,12 @@ class WorkloadFailedError(BudgettuneError):
     search stops after that first trial (exit code 1)."""
 
 
+class TrialInfrastructureError(BudgettuneError):
+    """A trial could not use its run folder, compile cache or disk (not a fault of its
+    configuration): the search excludes nothing, stops, and the next one re-runs the trial
+    (exit code 1)."""
+
+
 class NonFiniteLossError(BudgettuneError):
     """In the trial child: the first step's loss or gradient norm is NaN or infinite. The
     child turns it into the ``non_finite`` outcome; it never reaches the command line."""

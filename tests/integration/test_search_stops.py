@@ -89,3 +89,32 @@ def test_a_workload_whose_loss_is_nan_ends_non_finite_and_exit_4(tmp_path: Path,
         ("non_finite", False)
     ]
     assert report["best"] is None and report["baseline_status"] == "non_finite"
+
+
+def test_a_run_folder_replaced_mid_search_stops_in_one_line_and_excludes_nothing(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 29, item 5: the runs folder becomes a file while the full block-AC baseline runs
+    (`faulty_workloads.breaks_its_folder`): no traceback, block AC not "excluded after
+    crashes", and the baseline is queued to run again."""
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'bt.db'}"
+    result = runner.invoke(
+        app,
+        ["search", "-w", f"{FIXTURES / 'faulty_workloads.py'}:breaks_its_folder",
+         "--device", "cpu", "--max-mem", "1GB", "--trials", "2", "--storage", db,
+         "--study", "fs", "--runs-dir", str(tmp_path / "runs"), *FAST],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: trial 1: a trial could not use")
+    assert str(tmp_path / "runs" / "fs") in errors[0] and "nothing is excluded" in errors[0]
+    assert not any("Traceback" in line or "excluded:" in line for line in lines), lines
+    study = optuna.load_study(study_name="fs", storage=db)
+    assert "excluded" not in study.user_attrs
+    states = {t.number: t.state.name for t in study.trials}
+    assert (states[0], states[1]) == ("COMPLETE", "FAIL")
+    [copy] = [t for t in study.trials if t.system_attrs.get("retry_history") == [1]]
+    assert copy.state == optuna.trial.TrialState.WAITING
+    assert copy.user_attrs["baseline"] == "block-ac-every-1"

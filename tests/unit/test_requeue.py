@@ -1,7 +1,7 @@
-"""Issue 29, item 6: a trial stopped by an interrupt (SIGINT, SIGTERM) is no verdict on its
-configuration: it is failed and queued again with Optuna's retry bookkeeping, and the next
-search measures it, a baseline included. A real Searcher on a real SQLite study; only the
-trial launcher is replaced."""
+"""Issue 29, items 5 and 6: a trial stopped by an interrupt (SIGINT, SIGTERM) or by its run
+folder failing is no verdict on its configuration: it is failed and queued again with Optuna's
+retry bookkeeping, excludes nothing, and the next search measures it, a baseline included.
+A real Searcher on a real SQLite study; only the trial launcher is replaced."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 from storage_samples import ok_result
 
 from budgettune import storage
+from budgettune.errors import TrialInfrastructureError
 from budgettune.search import searcher as searcher_module
 from budgettune.search.searcher import Searcher
 from budgettune.search.study_file import build_search_spec
 from budgettune.search.target import RETRY_HISTORY_ATTR
-from budgettune.storage.trials import BASELINE_ATTR, FULL_AC, UNCONSTRAINED
+from budgettune.storage.trials import BASELINE_ATTR, EXCLUDED_ATTR, FULL_AC, UNCONSTRAINED
 from budgettune.trial.processes import Terminated, interrupts_kept, sigterm_raises
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialSpec
@@ -89,6 +90,30 @@ def test_an_interrupted_baseline_is_queued_again_and_measured_by_the_next_search
     assert measured == set(OPENING)  # every baseline of the opening, none lost
     full_ac = TrialSpec.from_json_dict(trials[1].user_attrs["enqueued_spec"])
     assert launches.specs[-1] == full_ac and full_ac.block_ac_every == 1  # measured as given
+
+
+def test_a_folder_fault_excludes_nothing_stops_in_one_line_and_the_trial_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'bt.db'}"
+    fault = TrialInfrastructureError("a trial could not use /runs/s (Not a directory): ...")
+    monkeypatch.setattr(searcher_module, "launch_trial", _Launches(None, fault))
+    with storage.open_storage(url, heartbeat_interval_s=10) as store:
+        searcher = _searcher(url, tmp_path / "runs", store)
+        with pytest.raises(TrialInfrastructureError) as raised:
+            searcher.run_trials()  # the unconstrained baseline ran; full AC's folder failed
+        study = searcher.study
+        trials = study.get_trials()
+        searcher.claim.close()
+    line = str(raised.value)
+    assert line.startswith("trial 1: a trial could not use /runs/s") and "\n" not in line
+    assert "nothing is excluded" in line and "runs the trial again" in line
+    assert EXCLUDED_ATTR not in study.user_attrs  # block AC is not "excluded after crashes"
+    assert trials[1].state == State.FAIL and "outcome" not in trials[1].user_attrs
+    assert "Not a directory" in trials[1].user_attrs["error"]  # what `show` says of it
+    copy = trials[-1]
+    assert copy.state == State.WAITING and copy.user_attrs[BASELINE_ATTR] == FULL_AC
+    assert copy.system_attrs[RETRY_HISTORY_ATTR] == [1]
 
 
 def test_a_sigterm_swallowed_while_a_child_forks_is_raised_again() -> None:

@@ -5,7 +5,7 @@ Each command parses its flags, builds a spec, makes one call and renders the ans
 the traceback).
 
 Exit codes (`EXIT_CODES_HELP`): 0 ok; 1 other errors (a trial that did not end ``ok``, a
-storage failure); 2 usage (bad flag, file or reference); 3 nothing
+storage failure, a file system fault); 2 usage (bad flag, file or reference); 3 nothing
 measured fits under the limit; 4 no trial could be measured at all; 130 Ctrl-C, 143 SIGTERM.
 """
 

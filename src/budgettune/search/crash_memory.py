@@ -15,9 +15,11 @@ agrees, and a resumed study remembers):
   ran, and no block-AC trial ran: block AC is excluded (one trial lost).
 
 A crash whose shape does not repeat (a flaky node) excludes nothing; such trials are retried
-as before. Exclusions narrow the `SearchSpace` the way ``--fix`` and the value lists do: the
-value is dropped from its list, and a list left with one value is no longer suggested. A value
-the user fixed, or the last value of a list, is never excluded.
+as before. A trial whose run folder or disk failed it is no crash at all: the launcher raises
+for it (`TrialInfrastructureError`), it gets no outcome, and it is re-run. Exclusions narrow
+the `SearchSpace` the way ``--fix`` and the value lists do: the value is dropped from its
+list, and a list left with one value is no longer suggested. A value the user fixed, or the
+last value of a list, is never excluded.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from budgettune.trial.results import TrialOutcome
 
 RAN = tuple(outcome.value for outcome in TrialOutcome if outcome.ran())
 """Outcomes that prove a configuration runs (a crash did not happen): ok, oom, numerics
-mismatch, non-finite loss."""
+mismatch, non-finite loss. A trial failed by its run folder or disk, or interrupted, has no
+outcome at all and proves nothing either way."""
 KNOBS = (
     "block_ac",
     "block_ac_policy",

@@ -1,6 +1,6 @@
 """Open a search's study: create it with its attrs and baselines, or resume it and check that
 it was made for the same search (one heartbeat, one "fits"); queue its trials (the baselines,
-and a copy of a trial that an interrupt stopped)."""
+and a copy of a trial that an interrupt or a file system fault stopped)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def enqueue_baseline(study: optuna.Study, search: SearchSpec, label: str, spec: 
 
 def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Queue a copy of a failed trial that its configuration did not fail (interrupted by
-    SIGINT or SIGTERM), to be measured by the next ``search`` or ``worker`` as Optuna re-runs
-    a dead worker's trial.
+    SIGINT or SIGTERM, or its run folder or disk failed), to be measured by the next
+    ``search`` or ``worker`` as Optuna re-runs a dead worker's trial.
 
     The copy carries the bookkeeping of Optuna's `RetryHeartbeatStaleTrialCallback`
     (``failed_trial``, ``retry_history`` in its system attrs, so `target.count_trials`
@@ -72,8 +72,8 @@ def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
 def requeue_unfinished(
     study: optuna.Study, storage: optuna.storages.BaseStorage, trial_id: int
 ) -> bool:
-    """`requeue` the trial this process was running when an interrupt stopped it before its
-    result was in.
+    """`requeue` the trial this process was running when an interrupt or a file system fault
+    stopped it before its result was in.
 
     Optuna has failed it already when the interrupt came inside the objective; one that came
     around it (while the heartbeat stopped) is failed here. A trial with an outcome (its

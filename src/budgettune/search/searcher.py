@@ -8,8 +8,8 @@ constraint stored (and its step time, if it has one, as its one intermediate val
 sampler learns the boundary and Optuna's own "best trial" is the fastest that fits; crashes
 and timeouts are failed trials with the reason in user attrs. Every measurement also lands in
 our ``bt_measurements``. A trial that did not end through no fault of its configuration (an
-interrupt) is failed and queued again, as Optuna's stale-trial retry does for a dead worker's
-trial: it is re-run.
+interrupt, its run folder or disk failing) is failed and queued again, as Optuna's
+stale-trial retry does for a dead worker's trial: it excludes nothing and is re-run.
 This module never prints: progress goes to a callback the CLI renders.
 """
 
@@ -27,7 +27,12 @@ from typing import Any
 import optuna
 
 from budgettune import storage as storage_mod
-from budgettune.errors import BudgettuneError, UsageError, WorkloadFailedError
+from budgettune.errors import (
+    BudgettuneError,
+    TrialInfrastructureError,
+    UsageError,
+    WorkloadFailedError,
+)
 from budgettune.pinning import (
     margin_violation_bytes,
 )
@@ -169,11 +174,18 @@ class Searcher:
         self.running_trial_id = trial._trial_id
         trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{self.search.device}")
         spec = self.spec_for(trial)
-        result = launch_trial(
-            self.search.trial_run(spec),
-            run_dir=self.runs_dir / f"trial-{trial.number:04d}",
-            timeout_s=self.search.trial_timeout_s,
-        )
+        try:
+            result = launch_trial(
+                self.search.trial_run(spec),
+                run_dir=self.runs_dir / f"trial-{trial.number:04d}",
+                timeout_s=self.search.trial_timeout_s,
+            )
+        except TrialInfrastructureError as exc:
+            trial.set_user_attr("error", str(exc))  # what `show` says of the failed trial
+            raise TrialInfrastructureError(
+                f"trial {trial.number}: {exc}; nothing is excluded, finished trials are kept, "
+                "and the next search runs the trial again"
+            ) from exc
         self.done += 1  # it ran here, even if another process has failed the trial meanwhile
         is_reference = trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED
         if not is_reference:
@@ -326,7 +338,7 @@ class Searcher:
         self.running_trial_id = None
         try:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, TrialInfrastructureError):
             if self.running_trial_id is not None:  # not its configuration's fault: run it again
                 requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial_id)
             raise
