@@ -74,10 +74,28 @@ class WorkloadFailedError(BudgettuneError):
     search stops after that first trial (exit code 1)."""
 
 
+class TrialInfrastructureError(BudgettuneError):
+    """A trial could not use its run folder, compile cache or disk (not a fault of its
+    configuration): the search excludes nothing, stops, and the next one re-runs the trial
+    (exit code 1)."""
+
+
+class NonFiniteLossError(BudgettuneError):
+    """In the trial child: the first step's loss or gradient norm is NaN or infinite. The
+    child turns it into the ``non_finite`` outcome; it never reaches the command line."""
+
+
 class NoFeasibleConfigError(BudgettuneError):
     """No measured configuration fits under the memory limit (exit code 3)."""
 
     exit_code = 3
+
+
+class NothingMeasuredError(BudgettuneError):
+    """No trial of the study could be measured at all: every one crashed, timed out or had a
+    non-finite loss, so the limit was never tested (exit code 4)."""
+
+    exit_code = 4
 
 
 class PinNoLongerFitsError(BudgettuneError):

@@ -216,24 +216,37 @@ def test_interrupted_search_keeps_finished_trials_and_resumes(tmp_path: Path) ->
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted; finished work is kept"
     trials = _trials(db, "int")
     states = [t.state for t in trials]
     assert optuna.trial.TrialState.RUNNING not in states
     assert states.count(optuna.trial.TrialState.FAIL) == 1
     complete_before = states.count(optuna.trial.TrialState.COMPLETE)
     assert complete_before >= 1
+    # the interrupted trial is queued again, as Optuna re-queues a dead worker's trial
+    [failed] = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    queued = optuna.load_study(study_name="int", storage=db).get_trials(
+        states=(optuna.trial.TrialState.WAITING,)
+    )
+    assert [t.system_attrs.get("retry_history") for t in queued].count([failed.number]) == 1
     # no orphaned trial process
     leftover = subprocess.run(
         ["pgrep", "-f", f"budgettune.trial.worker {tmp_path}"], capture_output=True, text=True
     )
     assert leftover.stdout.strip() == ""
-    # resume: a second run adds trials to the same study
+    # resume: a second run adds trials to the same study, the interrupted one among them (one
+    # fresh run of one candidate: the pin is not what this test is about)
     again = subprocess.run(
-        [*command[:command.index("--trials") + 1], "1", *command[command.index("--trials") + 2:]],
+        [*command[:command.index("--trials") + 1], "2", *command[command.index("--trials") + 2:],
+         "--top-k", "1", "--reverify", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert again.returncode in (0, 3), again.stderr
-    assert len(_trials(db, "int")) == len(trials) + 1
+    after = _trials(db, "int")
+    assert len(after) == len(trials) + 2
+    # issue 29: interrupted during a baseline of the opening, the study still measures it
+    measured = {t.user_attrs.get("baseline") for t in after if "outcome" in t.user_attrs}
+    assert {"unconstrained", "block-ac-every-1", "budget-0.5"} <= measured, measured
 
 
 @pytest.mark.parametrize(
@@ -317,6 +330,7 @@ def test_real_cli_subprocess_help_documents_exit_codes() -> None:
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert "Exit codes" in top.stdout and "3 no configuration fits" in top.stdout
+    assert "4 no trial could be measured at all" in top.stdout and "143" in top.stdout
 
 
 @pytest.mark.parametrize(

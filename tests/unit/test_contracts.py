@@ -143,6 +143,17 @@ def test_outcome_behaviour() -> None:
     assert TrialOutcome.NUMERICS_MISMATCH.is_measured() and not TrialOutcome.TIMEOUT.is_measured()
 
 
+def test_a_non_finite_loss_is_never_feasible_and_tells_nothing_about_fit() -> None:
+    non_finite = TrialOutcome("non_finite")
+    assert not non_finite.is_feasible() and not non_finite.is_measured()
+    assert non_finite.is_infeasible_result()  # pruned with a constraint, like an OOM
+    assert non_finite.ran() and not TrialOutcome.CRASHED.ran()  # crash memory blames nothing
+    assert not non_finite.tells_fit() and not TrialOutcome.TIMEOUT.tells_fit()
+    assert TrialOutcome.OOM.tells_fit() and TrialOutcome.NUMERICS_MISMATCH.tells_fit()
+    result = TrialResult(outcome=non_finite, error="first-step loss nan")  # no figures needed
+    assert TrialResult.from_json_dict(result.to_json_dict()) == result
+
+
 def test_measurement_peak_by_metric() -> None:
     m = _measurement()
     assert (m.peak_bytes("device"), m.peak_bytes("reserved"), m.peak_bytes("allocated")) == (

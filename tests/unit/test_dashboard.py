@@ -247,7 +247,7 @@ def test_publish_views_puts_note_and_plot_into_the_study_page(sample: SampleStud
     assert "| step time (median) | 42.40 ms |" in note
     assert "+6.0%" in note
     assert "optimizer step, which recompute cannot lower" in note
-    assert "3 fit, 3 measured over the limit, 1 OOM, 1 crashed or timed out" in note
+    assert "3 fit, 3 measured over the limit, 1 OOM, 1 crashed, timed out or had a" in note
 
     [graph] = detail["plotly_graph_objects"]
     assert graph["id"] == PLOT_ID

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from budgettune.cli import parse_options
-from budgettune.errors import DeviceUnavailableError, UsageError
-from budgettune.trial.launcher import check_device_available, cuda_device_count, visible_device_env
+from budgettune.errors import DeviceUnavailableError, TrialInfrastructureError, UsageError
+from budgettune.trial.launcher import (
+    check_device_available,
+    cuda_device_count,
+    folder_fault,
+    launch_trial,
+    visible_device_env,
+)
+from budgettune.trial.spec import TrialRun, TrialSpec
 
 
 def test_visible_device_env_pins_one_gpu(monkeypatch) -> None:
@@ -65,3 +74,19 @@ def test_a_ctrl_c_swallowed_while_a_child_forks_is_raised_again() -> None:
         pass
     with pytest.raises(KeyboardInterrupt), interrupts_kept():  # an ordinary one goes through
         signal.raise_signal(signal.SIGINT)
+
+
+def test_a_run_folder_that_cannot_be_made_is_a_file_system_fault_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "runs"
+    blocker.write_text("a file where the runs folder should be\n")
+    run = TrialRun(spec=TrialSpec(), workload="builtin:tiny-gpt", device="cpu")
+    with pytest.raises(TrialInfrastructureError) as raised:
+        launch_trial(run, run_dir=blocker / "s" / "trial-0000", timeout_s=5)
+    line = str(raised.value)
+    assert f"could not use {blocker}" in line and "not its configuration's" in line
+    assert "\n" not in line
+    assert blocker.read_text().startswith("a file")  # nothing written, no child started
+    assert folder_fault(tmp_path) is None  # a folder that takes a file is fine
+    assert "Not a directory" in (folder_fault(blocker) or "")

@@ -4,8 +4,9 @@ Each command parses its flags, builds a spec, makes one call and renders the ans
 `BudgettuneError` is caught here once: one line on stderr, exit code by kind (``--debug`` shows
 the traceback).
 
-Exit codes: 0 ok; 1 other errors (a trial that did not end ``ok``, a storage failure);
-2 usage (bad flag, file or reference); 3 no feasible config under the limit.
+Exit codes (`EXIT_CODES_HELP`): 0 ok; 1 other errors (a trial that did not end ``ok``, a
+storage failure, a file system fault); 2 usage (bad flag, file or reference); 3 nothing
+measured fits under the limit; 4 no trial could be measured at all; 130 Ctrl-C, 143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from rich.console import Console
 from rich.text import Text
 
 from budgettune.errors import BudgettuneError, UsageError
+from budgettune.trial.processes import Terminated, sigterm_raises
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 error (or a trial that did not end ok); 2 bad usage or input; "
-    "3 no configuration fits under the memory limit."
+    "3 no configuration fits under the memory limit (or a pin no longer does); "
+    "4 no trial could be measured at all (each crashed, timed out or had a non-finite loss); "
+    "130 interrupted (Ctrl-C), 143 terminated (SIGTERM), finished work kept."
 )
 
 app = typer.Typer(
@@ -56,20 +60,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def handles_errors(command: F) -> F:
-    """Turn a `BudgettuneError` into one line on stderr and its exit code."""
+    """Turn a `BudgettuneError` into one line on stderr and its exit code, and SIGINT or
+    SIGTERM into one line and 130 or 143."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with sigterm_raises():  # SIGTERM unwinds like Ctrl-C: children ended, trial re-queued
+                return command(*args, **kwargs)
         except BudgettuneError as exc:
             if _state["debug"]:
                 raise
             print_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             stderr.print("interrupted; finished work is kept", highlight=False)
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
 
     return wrapper  # type: ignore[return-value]
 

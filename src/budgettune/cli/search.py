@@ -173,8 +173,9 @@ def search(
 ) -> None:
     """Search the recompute knobs under --max-mem, re-verify the best, write the pin.
 
-    Re-running the same command resumes the same study. Ctrl-C keeps every finished trial.
-    Exit code 3 when nothing fits under the limit.
+    Re-running the same command resumes the same study. Ctrl-C (or SIGTERM) keeps every
+    finished trial; the interrupted one runs again next time. Exit code 3 when nothing
+    measured fits under the limit, 4 when no trial could be measured at all.
     """
     from budgettune.pinning import check_pin_output, write_pin
     from budgettune.search.run import run_search
@@ -285,7 +286,8 @@ def worker(
 
     Start any number of workers, on any hosts that reach the storage (PostgreSQL for more
     than one host); each runs one trial at a time. A worker killed mid-trial has its trial
-    failed by heartbeat and re-run once by another worker.
+    failed by heartbeat and re-run once by another worker; one stopped by Ctrl-C or SIGTERM
+    queues its trial again itself.
     """
     from budgettune.search.workers import WorkerJob, run_worker
 

@@ -19,7 +19,8 @@ import optuna
 import plotly.graph_objects as go
 
 from budgettune.pinning import phase_advice
-from budgettune.storage.trials import BASELINE_ATTR, is_feasible
+from budgettune.storage.trials import BASELINE_ATTR, is_feasible, trial_outcome
+from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes, format_percent
 
@@ -50,22 +51,27 @@ class TrialPoint:
     config: str
     """Short description of the spec."""
     outcome: str
-    """Our outcome (``ok``, ``oom``, ``numerics_mismatch``)."""
+    """Our outcome (``ok``, ``oom``, ``numerics_mismatch``; a stored ``ok`` with a NaN loss
+    reads ``non_finite``)."""
     rank_peaks: tuple[int, ...] = ()
     """Sharded trials: each rank's peak on the metric (the point's peak is the largest)."""
 
 
 def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> list[TrialPoint]:
-    """The trials the scatter can place: measured ones and OOMs (crashes have no figures)."""
+    """The trials the scatter can place: measured ones and OOMs (crashes and non-finite
+    losses have no figures)."""
     points = []
     for trial in trials:
         attrs = trial.user_attrs
-        outcome = attrs.get("outcome", "")
+        known = trial_outcome(attrs)
+        outcome = known.value if known is not None else attrs.get("outcome", "")
         peak = attrs.get(f"peak_{mem_metric}_bytes")
         time_ms = attrs.get("step_time_ms")
+        if known is TrialOutcome.NON_FINITE:
+            continue  # no figures to trust (an old database may hold some): counted as failed
         if peak is not None and time_ms is not None:
             kind = FEASIBLE if is_feasible(trial) else INFEASIBLE
-        elif outcome == "oom":
+        elif known is TrialOutcome.OOM:
             kind, peak, time_ms = OOM, None, None
         else:
             continue
@@ -258,7 +264,7 @@ def study_note(
         f"{metric} memory; a configuration fits when its peak x {1 + margin:.2f} (the "
         f"{format_percent(margin)} margin) is within it. Trials: {counts[FEASIBLE]} fit, "
         f"{counts[INFEASIBLE]} measured over the limit, {counts[OOM]} OOM, {num_failed} "
-        "crashed or timed out.",
+        "crashed, timed out or had a non-finite loss.",
         "",
     ]
     if pin is not None:

@@ -23,6 +23,7 @@ from budgettune.storage.trials import (
     describe_exclusion,
     full_ac_step_ms,
     is_feasible,
+    trial_outcome,
     unconstrained_baseline,
 )
 from budgettune.trial.spec import TrialSpec
@@ -37,7 +38,8 @@ class TrialRow:
     state: str
     """Optuna state (COMPLETE, FAIL, RUNNING...)."""
     outcome: str
-    """Our outcome, or empty while running."""
+    """Our outcome (``ok``, ``oom``, ``non_finite``...; an old ``ok`` with a NaN loss reads
+    ``non_finite``), or empty while running."""
     baseline: str
     """Baseline label, or empty."""
     config: str
@@ -161,7 +163,7 @@ def _rows(
             TrialRow(
                 number=t.number,
                 state=t.state.name,
-                outcome=a.get("outcome", ""),
+                outcome=outcome.value if (outcome := trial_outcome(a)) else a.get("outcome", ""),
                 baseline=a.get(BASELINE_ATTR, ""),
                 config=spec.describe() if spec else "",
                 peak_bytes=a.get(f"peak_{metric}_bytes"),

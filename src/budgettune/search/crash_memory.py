@@ -7,30 +7,44 @@ agrees, and a resumed study remembers):
 
 - **Twice the same way.** Two crashed trials whose errors have the same shape (exception type
   and message with numbers and addresses stripped) share a knob value no trial that ran (ok,
-  OOM or numerics mismatch) had: that value is excluded. When several qualify, the one held
-  by most of those crashes, then the first in `KNOBS` order (coarse before fine: block AC as
-  a whole before one stride or policy), is blamed; another repeat blames the next.
+  OOM, numerics mismatch or a non-finite loss) had: that value is excluded. When several
+  qualify, the one held by most of those crashes, then the first in `KNOBS` order (coarse
+  before fine: block AC as a whole before one stride or policy), is blamed; another repeat
+  blames the next.
 - **Its baseline crashed.** The full block-AC baseline crashed while the unconstrained one
   ran, and no block-AC trial ran: block AC is excluded (one trial lost).
 
 A crash whose shape does not repeat (a flaky node) excludes nothing; such trials are retried
-as before. Exclusions narrow the `SearchSpace` the way ``--fix`` and the value lists do: the
-value is dropped from its list, and a list left with one value is no longer suggested. A value
-the user fixed, or the last value of a list, is never excluded.
+as before. A trial whose run folder or disk failed it is no crash at all: the launcher raises
+for it (`TrialInfrastructureError`), it gets no outcome, and it is re-run. Exclusions narrow
+the `SearchSpace` the way ``--fix`` and the value lists do: the value is dropped from its
+list, and a list left with one value is no longer suggested. A value the user fixed, or the
+last value of a list, is never excluded.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from budgettune.search.space import SearchSpace
-from budgettune.storage.trials import BASELINE_ATTR, FULL_AC, UNCONSTRAINED
+import optuna
 
-RAN = ("ok", "oom", "numerics_mismatch")
-"""Outcomes that prove a configuration runs (a crash did not happen)."""
+from budgettune.search.space import SearchSpace
+from budgettune.storage.trials import (
+    BASELINE_ATTR,
+    EXCLUDED_ATTR,
+    FULL_AC,
+    UNCONSTRAINED,
+    describe_exclusion,
+)
+from budgettune.trial.results import TrialOutcome
+
+RAN = tuple(outcome.value for outcome in TrialOutcome if outcome.ran())
+"""Outcomes that prove a configuration runs (a crash did not happen): ok, oom, numerics
+mismatch, non-finite loss. A trial failed by its run folder or disk, or interrupted, has no
+outcome at all and proves nothing either way."""
 KNOBS = (
     "block_ac",
     "block_ac_policy",
@@ -151,6 +165,17 @@ def find_exclusions(
         error = group[-1][1].get("error", "")
         new.append(_entry(*pair, f"crashed the same way {len(holders)} times", error, holders))
     return new
+
+
+def remember_crashes(study: optuna.Study, notice: Callable[[str], None]) -> None:
+    """Add the exclusions the study's trials call for to its `EXCLUDED_ATTR`; say each once."""
+    excluded = list(study.user_attrs.get(EXCLUDED_ATTR, []))
+    trials = [(t.number, t.user_attrs) for t in study.get_trials(deepcopy=False)]
+    new = find_exclusions(trials, excluded)
+    if new:
+        study.set_user_attr(EXCLUDED_ATTR, excluded + new)
+        for entry in new:
+            notice(f"{describe_exclusion(entry)}; not proposed again")
 
 
 def narrow(space: SearchSpace, excluded: Sequence[Mapping[str, Any]]) -> SearchSpace:

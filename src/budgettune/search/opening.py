@@ -1,8 +1,10 @@
 """Open a search's study: create it with its attrs and baselines, or resume it and check that
-it was made for the same search (one heartbeat, one "fits")."""
+it was made for the same search (one heartbeat, one "fits"); queue its trials (the baselines,
+and a copy of a trial that an interrupt or a file system fault stopped)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import optuna
@@ -19,16 +21,78 @@ from budgettune.search.study import (
     make_sampler,
     study_attrs,
 )
+from budgettune.search.target import RETRY_HISTORY_ATTR, retried_numbers
 from budgettune.storage.trials import BASELINE_ATTR
 from budgettune.trial.spec import TrialSpec
+
+logger = logging.getLogger(__name__)
+
+
+ENQUEUED_SPEC_ATTR = "enqueued_spec"
+"""Trial user attr of a queued trial: the `TrialSpec` it measures exactly (a baseline)."""
+QUEUE_ATTRS = (BASELINE_ATTR, ENQUEUED_SPEC_ATTR)
+"""The user attrs a queued trial carries, and a re-queued copy keeps."""
 
 
 def enqueue_baseline(study: optuna.Study, search: SearchSpec, label: str, spec: TrialSpec) -> None:
     """Queue ``spec`` as the study's next trial, measured exactly so, labelled ``label``."""
     study.enqueue_trial(
         spec_params(spec, search.space),
-        user_attrs={BASELINE_ATTR: label, "enqueued_spec": spec.to_json_dict()},
+        user_attrs={BASELINE_ATTR: label, ENQUEUED_SPEC_ATTR: spec.to_json_dict()},
     )
+
+
+def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Queue a copy of a failed trial that its configuration did not fail (interrupted by
+    SIGINT or SIGTERM, or its run folder or disk failed), to be measured by the next
+    ``search`` or ``worker`` as Optuna re-runs a dead worker's trial.
+
+    The copy carries the bookkeeping of Optuna's `RetryHeartbeatStaleTrialCallback`
+    (``failed_trial``, ``retry_history`` in its system attrs, so `target.count_trials`
+    counts the copy instead of the original), the trial's params (and an enqueued trial's
+    ``fixed_params``), and only the queue's user attrs: a baseline stays that baseline. Unlike
+    a heartbeat retry there is no limit: an interrupt says nothing about the configuration.
+    """
+    system_attrs = {"failed_trial": trial.number, **trial.system_attrs}
+    system_attrs[RETRY_HISTORY_ATTR] = [
+        *trial.system_attrs.get(RETRY_HISTORY_ATTR, ()),
+        trial.number,
+    ]
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k in QUEUE_ATTRS},
+            system_attrs=system_attrs,
+        )
+    )
+
+
+def requeue_unfinished(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, trial_id: int
+) -> bool:
+    """`requeue` the trial this process was running when an interrupt or a file system fault
+    stopped it before its result was in.
+
+    Optuna has failed it already when the interrupt came inside the objective; one that came
+    around it (while the heartbeat stopped) is failed here. A trial with an outcome (its
+    result was in) or re-queued already (by another worker's stale-trial check) is left.
+
+    Returns:
+        Whether a copy was queued.
+    """
+    trial = storage.get_trial(trial_id)
+    if trial.state == optuna.trial.TrialState.RUNNING:
+        storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
+        trial = storage.get_trial(trial_id)
+    if trial.state != optuna.trial.TrialState.FAIL or "outcome" in trial.user_attrs:
+        return False
+    if trial.number in retried_numbers(study.get_trials(deepcopy=False)):
+        return False
+    requeue(study, trial)
+    logger.info("trial %d did not finish; queued to run again", trial.number)
+    return True
 
 
 def open_study(

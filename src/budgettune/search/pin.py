@@ -3,20 +3,21 @@
 Re-verification walks down the feasible trials, fastest first: the top ``--top-k`` together,
 then one more at a time, until one qualifies (every fresh run ``ok``, the worst peak fits the
 limit with the margin) or `MAX_CANDIDATES` have been re-measured. Only when nothing qualifies
-does the search end with exit 3. The references the pin reports its slowdown against (the
-unconstrained baseline, full block AC when that baseline cannot run under the limit, and
-torchtitan's op SAC in a sharded study) are
-re-measured as often as the pin.
+does the search end with exit 3 (exit 4 when no trial could be measured at all). The
+references the pin reports its slowdown against (the unconstrained baseline, full block AC
+when that baseline cannot run under the limit, and torchtitan's op SAC in a sharded study)
+are re-measured as often as the pin.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from budgettune.errors import NoFeasibleConfigError
+from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
 from budgettune.pinning import Candidate, build_pin, choose_pin, phase_advice
 from budgettune.search.fresh import FreshJob
 from budgettune.storage.trials import (
@@ -27,8 +28,9 @@ from budgettune.storage.trials import (
     baseline_trial,
     feasible_candidates,
     smallest_peak,
+    trial_outcome,
 )
-from budgettune.trial.results import TrialResult
+from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes, format_percent
 
@@ -140,13 +142,15 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
     """Re-verify, choose, build and record the pin of the searcher's study.
 
     Raises:
-        NoFeasibleConfigError: nothing measured fits, or nothing re-verified does.
+        NothingMeasuredError: no trial could be measured at all (exit 4).
+        NoFeasibleConfigError: nothing measured fits, or nothing re-verified does (exit 3).
     """
     search = searcher.search
     trials = searcher.study.get_trials(deepcopy=False)
     candidates = feasible_candidates(trials, search.mem_metric)
     if not candidates:
-        raise no_feasible_error(searcher)
+        unmeasured = nothing_measured_error(searcher)
+        raise unmeasured if unmeasured is not None else no_feasible_error(searcher)
     found = reverify_until_one_fits(searcher, candidates)
     if found is None:
         raise no_feasible_error(searcher, after_reverify=True)
@@ -159,11 +163,11 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
         margin=search.margin,
     )
     full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
-    if full_ac is not None and full_ac.user_attrs.get("outcome") != "ok":
+    if full_ac is not None and trial_outcome(full_ac.user_attrs) is not TrialOutcome.OK:
         full_ac = None
     measured = unconstrained if status in ("ok", "over_limit") else None
     op_sac = baseline_trial(trials, OP_SAC)
-    if op_sac is not None and op_sac.user_attrs.get("outcome") != "ok":
+    if op_sac is not None and trial_outcome(op_sac.user_attrs) is not TrialOutcome.OK:
         op_sac = None
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
     baseline_runs, full_ac_runs, op_sac_runs = remeasure(
@@ -205,16 +209,17 @@ def no_feasible_error(
     trials = searcher.study.get_trials(deepcopy=False)
     smallest = smallest_peak(trials, search.mem_metric)
     limit = format_bytes(search.max_mem_bytes)
-    if smallest is None:
+    if smallest is None:  # nothing measured, but some trial ran out of memory
         return NoFeasibleConfigError(
-            f"no configuration could be measured under {limit} "
-            f"(every trial failed; see the logs under {searcher.runs_dir})"
+            f"no configuration ran under {limit}: every trial ran out of memory or failed "
+            f"(see the logs under {searcher.runs_dir}); raise --max-mem, or use a device "
+            "with more memory"
         )
     peak, spec, phase = smallest
     what = "re-verified" if after_reverify else "measured"
     # a trial with wrong numerics does not count whatever the margin
     smallest_ok = smallest_peak(
-        (t for t in trials if t.user_attrs.get("outcome") == "ok"), search.mem_metric
+        (t for t in trials if trial_outcome(t.user_attrs) is TrialOutcome.OK), search.mem_metric
     )
     hint = margin_advice(smallest_ok[0], search) if smallest_ok and not after_reverify else ""
     advice = [a for a in (phase_advice(phase), hint) if a]
@@ -225,6 +230,35 @@ def no_feasible_error(
         f"{spec.describe()}"
         + "".join(f"; {a}" for a in advice)
         + "; raise --max-mem or run more --trials"
+    )
+
+
+def nothing_measured_error(searcher: Searcher) -> NothingMeasuredError | None:
+    """Exit 4's one line, when no finished trial of the study says whether its configuration
+    fits (every one crashed, timed out or had a non-finite loss): it names the first one's
+    error and log. None when some trial was measured or ran out of memory (then exit 3)."""
+    finished = [
+        (trial, outcome)
+        for trial in searcher.study.get_trials(deepcopy=False)
+        if (outcome := trial_outcome(trial.user_attrs)) is not None
+    ]
+    if any(outcome.tells_fit() for _, outcome in finished):
+        return None
+    name = searcher.search.study_name
+    if not finished:
+        return NothingMeasuredError(
+            f"study {name!r} has no finished trial to pin; run `budgettune search` with "
+            "--trials N to measure some"
+        )
+    counts = Counter(outcome.value for _, outcome in finished)
+    first, outcome = min(finished, key=lambda item: item[0].number)
+    return NothingMeasuredError(
+        f"no trial could be measured: {len(finished)} ended "
+        + ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
+        + f"; the first, trial {first.number}, ended {outcome.value}: "
+        f"{first.user_attrs.get('error') or 'no error recorded'} "
+        f"(log: {first.user_attrs.get('log_path') or searcher.runs_dir}); fix what it says "
+        "and run the search again (a larger --max-mem will not help)"
     )
 
 

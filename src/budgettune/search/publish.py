@@ -19,6 +19,7 @@ from budgettune.present.dashboard_views import (
     study_note,
     trial_points,
 )
+from budgettune.storage.trials import trial_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,10 @@ def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
     metric = search.get("mem_metric", "device")
     trials = study.get_trials(deepcopy=False)
     points = trial_points(trials, metric)
-    num_failed = sum(t.user_attrs.get("outcome") in ("crashed", "timeout") for t in trials)
+    num_failed = sum(
+        (outcome := trial_outcome(t.user_attrs)) is not None and not outcome.tells_fit()
+        for t in trials
+    )
     pin = storage.latest_pin(study_name)
     figure = memory_time_figure(
         points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin
@@ -62,3 +66,16 @@ def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
             f"{study_name!r}: {exc}"
         ) from exc
     logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))
+
+
+def refresh_views(storage: storage_mod.Storage, study_name: str) -> None:
+    """`publish_views`, with a failure logged instead of raised: the views are a nicety, and
+    the search must go on."""
+    try:
+        publish_views(storage, study_name)
+    except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
+        # One line: a storage outage also stops the search right after, with its own line;
+        # the traceback is there for `--debug`.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        logger.warning("could not refresh the dashboard views: %s", reason)
+        logger.debug("dashboard views traceback", exc_info=True)

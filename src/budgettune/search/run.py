@@ -32,9 +32,13 @@ def run_search(
     Raises:
         UsageError: bad input (reference, device, a limit under the steady memory).
         StorageError: the storage cannot be used (unreachable, schema behind or ahead, lost).
-        NoFeasibleConfigError: nothing fits under the limit.
+        NoFeasibleConfigError: nothing measured fits under the limit.
+        NothingMeasuredError: no trial could be measured at all.
+        TrialInfrastructureError: a trial's run folder or disk failed (the trial is queued
+            again; nothing is excluded).
         WorkerFailedError: with ``gpus``, workers exited before the target was met.
-        KeyboardInterrupt: after the running trial is marked failed; finished ones are kept.
+        KeyboardInterrupt: after the running trial is failed and queued again (`Terminated`
+            for SIGTERM); finished ones are kept.
     """
     check_reference(search.workload)
     if gpus:

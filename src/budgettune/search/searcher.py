@@ -3,11 +3,13 @@
 Optuna minimises the median step time with the constraint ``peak × (1 + margin) − limit ≤ 0``
 on the chosen memory metric (its constraint support, not a penalty): the same "fits" as the
 pin's, so the sampler is not rewarded for configurations the pin would refuse. A trial that
-does not fit (over the limit, OOM, numerics mismatch) is PRUNED with its constraint stored (and
-its step time, if it has one, as its one intermediate value), so the sampler learns the
-boundary and Optuna's own "best trial" is the fastest that fits; crashes and timeouts are
-failed trials with the reason in user attrs. Every measurement also lands in
-our ``bt_measurements``.
+does not fit (over the limit, OOM, numerics mismatch, a non-finite loss) is PRUNED with its
+constraint stored (and its step time, if it has one, as its one intermediate value), so the
+sampler learns the boundary and Optuna's own "best trial" is the fastest that fits; crashes
+and timeouts are failed trials with the reason in user attrs. Every measurement also lands in
+our ``bt_measurements``. A trial that did not end through no fault of its configuration (an
+interrupt, its run folder or disk failing) is failed and queued again, as Optuna's
+stale-trial retry does for a dead worker's trial: it excludes nothing and is re-run.
 This module never prints: progress goes to a callback the CLI renders.
 """
 
@@ -25,14 +27,24 @@ from typing import Any
 import optuna
 
 from budgettune import storage as storage_mod
-from budgettune.errors import BudgettuneError, UsageError, WorkloadFailedError
+from budgettune.errors import (
+    BudgettuneError,
+    TrialInfrastructureError,
+    UsageError,
+    WorkloadFailedError,
+)
 from budgettune.pinning import (
     margin_violation_bytes,
 )
-from budgettune.search.crash_memory import find_exclusions, narrow
+from budgettune.search.crash_memory import narrow, remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
-from budgettune.search.opening import enqueue_baseline, open_study
+from budgettune.search.opening import (
+    ENQUEUED_SPEC_ATTR,
+    enqueue_baseline,
+    open_study,
+    requeue_unfinished,
+)
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
@@ -52,7 +64,6 @@ from budgettune.storage.trials import (
     EXCLUDED_ATTR,
     UNCONSTRAINED,
     best_feasible_ms,
-    describe_exclusion,
     unconstrained_baseline,
 )
 from budgettune.trial.launcher import launch_trial
@@ -148,7 +159,7 @@ class Searcher:
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
-        enqueued = trial.user_attrs.get("enqueued_spec")
+        enqueued = trial.user_attrs.get(ENQUEUED_SPEC_ATTR)
         if enqueued is not None:
             # Baselines are measured exactly as defined, whatever the space would suggest;
             # suggest_spec still runs so the params match the distributions.
@@ -163,11 +174,18 @@ class Searcher:
         self.running_trial_id = trial._trial_id
         trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{self.search.device}")
         spec = self.spec_for(trial)
-        result = launch_trial(
-            self.search.trial_run(spec),
-            run_dir=self.runs_dir / f"trial-{trial.number:04d}",
-            timeout_s=self.search.trial_timeout_s,
-        )
+        try:
+            result = launch_trial(
+                self.search.trial_run(spec),
+                run_dir=self.runs_dir / f"trial-{trial.number:04d}",
+                timeout_s=self.search.trial_timeout_s,
+            )
+        except TrialInfrastructureError as exc:
+            trial.set_user_attr("error", str(exc))  # what `show` says of the failed trial
+            raise TrialInfrastructureError(
+                f"trial {trial.number}: {exc}; nothing is excluded, finished trials are kept, "
+                "and the next search runs the trial again"
+            ) from exc
         self.done += 1  # it ran here, even if another process has failed the trial meanwhile
         is_reference = trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED
         if not is_reference:
@@ -184,12 +202,12 @@ class Searcher:
             )
             if result.outcome is TrialOutcome.NUMERICS_MISMATCH:
                 violation = max(violation, 0.0) + 1.0
-        elif result.outcome is TrialOutcome.OOM:
+        elif result.outcome.is_infeasible_result():  # OOM, non-finite loss: no figures
             violation = float(limit)
         else:
             self._emit(trial.number, spec, result)
             if result.outcome is TrialOutcome.CRASHED:
-                self.learn_from_crash()
+                remember_crashes(self.study, self.observer.notice)
                 if trial.user_attrs.get(BASELINE_ATTR) == HIGH_BUDGET:
                     self.retry_high_budget()
             if result.failed_stage == "workload":
@@ -214,16 +232,6 @@ class Searcher:
             raise optuna.TrialPruned(f"does not fit: {result.outcome.value}")
         assert result.measurement is not None
         return result.measurement.step_time_ms
-
-    def learn_from_crash(self) -> None:
-        """Exclude knob values that crash structurally (`search.crash_memory`); say so once."""
-        excluded = list(self.study.user_attrs.get(EXCLUDED_ATTR, []))
-        trials = [(t.number, t.user_attrs) for t in self.study.get_trials(deepcopy=False)]
-        new = find_exclusions(trials, excluded)
-        if new:
-            self.study.set_user_attr(EXCLUDED_ATTR, excluded + new)
-            for entry in new:
-                self.observer.notice(f"{describe_exclusion(entry)}; not proposed again")
 
     def retry_high_budget(self) -> None:
         """The high-budget probe crashed: queue it at the user's own values (once: the retry
@@ -330,6 +338,10 @@ class Searcher:
         self.running_trial_id = None
         try:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+        except (KeyboardInterrupt, TrialInfrastructureError):
+            if self.running_trial_id is not None:  # not its configuration's fault: run it again
+                requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial_id)
+            raise
         except ValueError:
             trial_id = self.running_trial_id
             if trial_id is None:
@@ -345,16 +357,9 @@ class Searcher:
 
     def publish(self) -> None:
         """Refresh the study's dashboard views; a failure is logged, never fatal."""
-        from budgettune.search.publish import publish_views
+        from budgettune.search.publish import refresh_views
 
-        try:
-            publish_views(self.store, self.search.study_name)
-        except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
-            # One line: a storage outage also stops the search right after, with its own line;
-            # the traceback is there for `--debug`.
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            logger.warning("could not refresh the dashboard views: %s", reason)
-            logger.debug("dashboard views traceback", exc_info=True)
+        refresh_views(self.store, self.search.study_name)
 
     def check_steady(self) -> None:
         """Refuse a limit below the steady memory some earlier trial measured."""

@@ -27,6 +27,7 @@ from budgettune import storage as storage_mod
 from budgettune.errors import (
     DeviceUnavailableError,
     StudyNotFoundError,
+    TrialInfrastructureError,
     UsageError,
     WorkerFailedError,
 )
@@ -248,13 +249,20 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
 
     Raises:
         WorkerFailedError: workers exited with an error before the target was met.
-        KeyboardInterrupt: after each worker was interrupted (its trial marked failed).
+        TrialInfrastructureError: the workers' log folder cannot be made.
+        KeyboardInterrupt: after each worker was interrupted (its trial queued again).
     """
     url = searcher.store.url
     with database_errors(url):
         start = searcher.count()
     log_dir = searcher.runs_dir / "workers"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrialInfrastructureError(
+            f"cannot make the workers' log folder {log_dir} ({exc.strerror}); check --runs-dir "
+            "and the free space on its disk"
+        ) from exc
     env = {**os.environ, STORAGE_ENV: url}
     workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
@@ -304,7 +312,7 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
 
 
 def _stop(workers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:
-    """Interrupt every worker (each marks its running trial failed), then wait, then kill."""
+    """Interrupt every worker (each queues its running trial again), then wait, then kill."""
     for _, process, _ in workers:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)

@@ -128,6 +128,17 @@ class StoredMeasurement:
         )
 
 
+def _read_outcome(row: MeasurementRow) -> TrialOutcome:
+    """The row's outcome; an ``ok`` with a non-finite loss or grad norm (stored before the
+    ``non_finite`` outcome existed; SQLite keeps a NaN as NULL) reads as ``non_finite``."""
+    outcome = TrialOutcome(row.outcome)
+    if outcome is TrialOutcome.OK and not all(
+        value is not None and math.isfinite(value) for value in (row.loss, row.grad_norm)
+    ):
+        return TrialOutcome.NON_FINITE
+    return outcome
+
+
 def _int(value: int | None) -> int:
     return 0 if value is None else int(value)
 
@@ -202,7 +213,7 @@ def stored_measurement(
         kind=row.kind,
         workload_digest=row.workload_digest,
         spec=TrialSpec.from_json_dict(json.loads(row.spec_json)),
-        outcome=TrialOutcome(row.outcome),
+        outcome=_read_outcome(row),
         peak_allocated_bytes=row.peak_allocated_bytes,
         peak_reserved_bytes=row.peak_reserved_bytes,
         peak_device_bytes=row.peak_device_bytes,

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 from budgettune.pinning import Candidate, fits_limit
+from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import TrialSpec
 
 BASELINE_ATTR = "baseline"
@@ -27,6 +28,29 @@ OP_SAC = "op-sac"
 "selective" mode); the pin reports its slowdown against it where it fits."""
 
 
+def trial_outcome(attrs: Mapping[str, Any]) -> TrialOutcome | None:
+    """The outcome a trial's user attrs record; None while it has none (queued, running,
+    interrupted) or when it names one this budgettune does not know.
+
+    A trial stored ``ok`` with a non-finite first-step loss or grad norm (written before
+    ``non_finite`` existed) reads as ``non_finite``: it was never a configuration to pin.
+    """
+    try:
+        outcome = TrialOutcome(attrs.get("outcome"))
+    except ValueError:
+        return None
+    if outcome is TrialOutcome.OK and not all(
+        _finite(attrs.get(name, 0.0)) for name in ("loss", "grad_norm")
+    ):
+        return TrialOutcome.NON_FINITE
+    return outcome
+
+
+def _finite(value: Any) -> bool:
+    # SQLite-backed attrs are JSON: a NaN loss may come back as NaN or as null
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     """Complete, measured ``ok`` and fitting the limit with the margin (constraint ≤ 0).
 
@@ -36,7 +60,7 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     """
     return (
         trial.state == optuna.trial.TrialState.COMPLETE
-        and trial.user_attrs.get("outcome") == "ok"
+        and trial_outcome(trial.user_attrs) is TrialOutcome.OK
         and trial.user_attrs.get("constraint", [math.inf])[0] <= 0
     )
 
@@ -49,10 +73,16 @@ def metric_peak(attrs: Mapping[str, Any], mem_metric: str) -> int:
 def unconstrained_baseline(
     trials: Iterable[optuna.trial.FrozenTrial], *, measured: str = "step_time_ms"
 ) -> dict[str, Any] | None:
-    """User attrs of the unconstrained baseline, once it has ``measured`` (else None)."""
+    """User attrs of the unconstrained baseline, once it has ``measured`` (else None); one
+    stored ``ok`` with a non-finite loss (an old database) is no reference."""
     for trial in trials:
-        if trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED and measured in trial.user_attrs:
-            return dict(trial.user_attrs)
+        attrs = trial.user_attrs
+        if (
+            attrs.get(BASELINE_ATTR) == UNCONSTRAINED
+            and measured in attrs
+            and trial_outcome(attrs) is not TrialOutcome.NON_FINITE
+        ):
+            return dict(attrs)
     return None
 
 
@@ -123,8 +153,9 @@ def baseline_status(
     if trial is None:
         return "missing"
     attrs = trial.user_attrs
-    if attrs.get("outcome") != "ok" or "step_time_ms" not in attrs:
-        return str(attrs.get("outcome", "missing"))
+    outcome = trial_outcome(attrs)
+    if outcome is not TrialOutcome.OK or "step_time_ms" not in attrs:
+        return outcome.value if outcome is not None else str(attrs.get("outcome", "missing"))
     peak = metric_peak(attrs, mem_metric)
     return "ok" if fits_limit(peak, limit_bytes=limit_bytes, margin=margin) else "over_limit"
 
@@ -132,7 +163,7 @@ def baseline_status(
 def full_ac_step_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
     """The full block AC baseline's step time, when it was measured ``ok``."""
     trial = baseline_trial(trials, FULL_AC)
-    if trial is None or trial.user_attrs.get("outcome") != "ok":
+    if trial is None or trial_outcome(trial.user_attrs) is not TrialOutcome.OK:
         return None
     return trial.user_attrs.get("step_time_ms")
 

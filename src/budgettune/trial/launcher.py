@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from budgettune.errors import DeviceUnavailableError, SpecError
+from budgettune.errors import DeviceUnavailableError, SpecError, TrialInfrastructureError
 from budgettune.trial import nvml
 from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
 from budgettune.trial.processes import (
@@ -182,9 +182,63 @@ def launch_trial(
         without writing its result (``crashed``). ``log_path`` and ``wall_s`` are always set.
 
     Raises:
+        TrialInfrastructureError: the run folder or compile cache could not be made or
+            written, before the child started or by the time it crashed (a child whose folder
+            went away, or whose disk filled up, says nothing about its configuration).
         KeyboardInterrupt: re-raised after the child's process tree has been killed.
     """
     folder = Path(run_dir).resolve()
+    cache_dir = run.cache_dir()
+    try:
+        if cache_dir is not None:  # made here, so a cache that cannot be made is no crash
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        result = _run_child(run, folder, timeout_s=timeout_s, extra_env=extra_env)
+    except OSError as exc:
+        raise TrialInfrastructureError(_fault_line(exc, exc.filename or folder)) from exc
+    if result.outcome is TrialOutcome.CRASHED:
+        fault = folder_fault(folder, cache_dir)
+        if fault is not None:
+            raise TrialInfrastructureError(
+                f"{fault} (the child ended: {result.error}; log {result.log_path})"
+            )
+    return result
+
+
+def folder_fault(*folders: str | os.PathLike[str] | None) -> str | None:
+    """Why a trial cannot write its files in one of ``folders`` (gone, not a folder, no
+    access, disk full), as one line; None when each takes a small synced file."""
+    for folder in folders:
+        if folder is None:
+            continue
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".budgettune-probe-", dir=folder)
+            try:
+                os.write(fd, bytes(4096))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as exc:
+            return _fault_line(exc, folder)
+    return None
+
+
+def _fault_line(exc: OSError, path: str | os.PathLike[str]) -> str:
+    return (
+        f"a trial could not use {path} ({exc.strerror or type(exc).__name__}): a file system "
+        "fault, not its configuration's; check that path and the free space on its disk"
+    )
+
+
+def _run_child(
+    run: TrialRun,
+    folder: Path,
+    *,
+    timeout_s: float,
+    extra_env: Mapping[str, str] | None,
+) -> TrialResult:
+    """`launch_trial` without the folder checks (an `OSError` here is the folder's or the
+    host's, not the configuration's)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
         folder / SPEC_FILE,

@@ -1,8 +1,8 @@
 """The measurement recipe (DESIGN.md §4): warm-up, one memory-measured step, N timed steps.
 
 `measure` dispatches to `measure_cuda` or `measure_cpu`. No file I/O; the result is a
-`results.Measurement`. `torch.cuda.OutOfMemoryError` is not caught here: the trial worker
-catches it by type.
+`results.Measurement`. `torch.cuda.OutOfMemoryError` and `NonFiniteLossError` are not caught
+here: the trial worker catches them by type.
 
 CPU peak memory. The default CPU allocator reports every allocation and free to the profiler
 while ``profile_memory=True`` (c10's ``ProfiledCPUMemoryReporter``); a free is reported only for
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from budgettune.errors import NonFiniteLossError
 from budgettune.trial.nvml import process_used_bytes
 from budgettune.trial.results import PHASES, Measurement
 
@@ -119,7 +120,12 @@ def _synchronize(device: torch.device) -> None:
 
 
 def warm_up(step: PreparedStep, spec: TrialSpec) -> FirstStep:
-    """Run ``spec.warmup_steps`` full steps; record the first one's time, loss and grad norm."""
+    """Run ``spec.warmup_steps`` full steps; record the first one's time, loss and grad norm.
+
+    Raises:
+        NonFiniteLossError: the first loss or grad norm is NaN or infinite (before the
+            optimizer step: figures of a diverged step could never be pinned).
+    """
     _synchronize(step.device)
     start = time.perf_counter()
     loss = step.forward_loss()
@@ -127,6 +133,12 @@ def warm_up(step: PreparedStep, spec: TrialSpec) -> FirstStep:
     first_loss = float(loss.detach().float().item())
     grad_norm = global_grad_norm(step.model.parameters())
     del loss
+    if not (math.isfinite(first_loss) and math.isfinite(grad_norm)):
+        raise NonFiniteLossError(
+            f"first-step loss {first_loss:g}, grad norm {grad_norm:g}: not finite, so nothing "
+            "measured under this configuration can be pinned; if every configuration does "
+            "this, check the workload's loss, data and learning rate"
+        )
     step.optimizer_step()
     _synchronize(step.device)
     compile_s = time.perf_counter() - start

@@ -4,6 +4,8 @@ A trial child leaves with ``os._exit`` once its result is written (the interpret
 cost seconds per run on a GPU host), so torch's compile workers may outlive it for a moment.
 The child runs in a session of its own; once it has exited, and before it is reaped (a zombie
 keeps its pid, hence its process-group id, from being reused), the whole group is killed.
+SIGINT and SIGTERM reach the parent as exceptions (`Terminated` for SIGTERM), so whatever
+waits for a child ends it on the way out.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import NoReturn
 
 _POLL_S = 0.05
 
@@ -63,33 +66,69 @@ def end_session(process: subprocess.Popen[bytes], timeout_s: float | None = None
         return None
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like a Ctrl-C where Python runs signal handlers (`sigterm_raises`), so
+    every cleanup an interrupt runs runs for it too: the trial's process tree ended, the
+    running trial queued again, one line, exit 143."""
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> NoReturn:
+    """The SIGTERM handler of `sigterm_raises`."""
+    raise Terminated(f"terminated by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside this, SIGTERM raises `Terminated` (in the main thread, where handlers run)
+    instead of ending the process at once with nothing said and the trial left RUNNING."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_RAISING_HANDLERS: dict[int, Callable[[int, FrameType | None], NoReturn]] = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: raise_terminated,
+}
+"""The handlers whose exception `interrupts_kept` raises again when a fork swallowed it."""
+
+
 @contextlib.contextmanager
 def interrupts_kept() -> Iterator[None]:
-    """Start a child inside this: a Ctrl-C that lands while it is forked is not lost.
+    """Start a child inside this: a Ctrl-C (or a SIGTERM under `sigterm_raises`) that lands
+    while it is forked is not lost.
 
     With a ``preexec_fn``, CPython runs its at-fork hooks in the parent (logging's lock release
     among them), and a KeyboardInterrupt raised inside one is printed as "Exception ignored"
     and dropped: an interrupted search then ran on to its pin (seen in CI, 2026-11-25). Here
-    SIGINT is also remembered, and raised again on the way out if it was swallowed. Only in
-    the main thread (where Python runs signal handlers), and only while SIGINT raises.
+    the signal is also remembered, and raised again on the way out if it was swallowed. Only
+    in the main thread (where Python runs signal handlers), and only while the signal raises.
     """
-    previous = signal.getsignal(signal.SIGINT)
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or previous is not signal.default_int_handler
-    ):
+    kept = {
+        signum: handler
+        for signum, handler in _RAISING_HANDLERS.items()
+        if signal.getsignal(signum) is handler
+    }
+    if threading.current_thread() is not threading.main_thread() or not kept:
         yield
         return
     seen: list[int] = []
 
     def remember(signum: int, frame: FrameType | None) -> None:
         seen.append(signum)
-        signal.default_int_handler(signum, frame)
+        kept[signum](signum, frame)
 
-    signal.signal(signal.SIGINT, remember)
+    for signum in kept:
+        signal.signal(signum, remember)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
     if seen:
-        raise KeyboardInterrupt
+        kept[seen[0]](seen[0], None)

@@ -97,8 +97,8 @@ def merge_rank_results(
             no rank says what went wrong.
 
     Returns:
-        ``ok`` with the merged measurement when every rank measured; else ``oom`` or
-        ``crashed`` with ``failed_rank`` and an error naming it.
+        ``ok`` with the merged measurement when every rank measured; else ``oom``,
+        ``non_finite`` or ``crashed`` with ``failed_rank`` and an error naming it.
     """
     world = len(results)
     missing = launcher_error or "the rank wrote no result"
@@ -132,8 +132,8 @@ def merge_rank_results(
     chosen = (ooms or primary or failed)[0]
     rank, result = chosen
     outcome = TrialOutcome.OOM if ooms else TrialOutcome.CRASHED
-    if result is not None and result.outcome is TrialOutcome.TIMEOUT:
-        outcome = TrialOutcome.TIMEOUT
+    if result is not None and result.outcome in (TrialOutcome.TIMEOUT, TrialOutcome.NON_FINITE):
+        outcome = result.outcome
     error = ranks[rank].error or missing
     others = [r for r, _ in failed if r != rank]
     tail = f"; rank(s) {', '.join(map(str, others))} stopped with it" if others else ""

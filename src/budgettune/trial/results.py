@@ -30,6 +30,9 @@ class TrialOutcome(str, enum.Enum):
     CRASHED = "crashed"
     TIMEOUT = "timeout"
     NUMERICS_MISMATCH = "numerics_mismatch"
+    NON_FINITE = "non_finite"
+    """The first step's loss or gradient norm was NaN or infinite: the child stops there, so
+    the trial has no figures, and nothing it would measure could be pinned."""
 
     def is_feasible(self) -> bool:
         """Whether a config with this outcome may be pinned (still subject to the limit)."""
@@ -43,9 +46,25 @@ class TrialOutcome(str, enum.Enum):
         """Whether Optuna should record the trial as complete-and-infeasible (not failed).
 
         OOM teaches the sampler where the memory boundary is; a numerics mismatch is a real,
-        measured point that must never be pinned. Crashes and timeouts are failures.
+        measured point that must never be pinned; a non-finite loss marks a region whose
+        numerics break. Crashes and timeouts are failures.
         """
-        return self in (TrialOutcome.OOM, TrialOutcome.NUMERICS_MISMATCH)
+        return self in (
+            TrialOutcome.OOM,
+            TrialOutcome.NUMERICS_MISMATCH,
+            TrialOutcome.NON_FINITE,
+        )
+
+    def ran(self) -> bool:
+        """Whether the configuration ran without crashing or hanging (crash memory blames a
+        knob value only when no trial that ran had it)."""
+        return self not in (TrialOutcome.CRASHED, TrialOutcome.TIMEOUT)
+
+    def tells_fit(self) -> bool:
+        """Whether the trial says if its configuration fits: it was measured, or it ran out of
+        memory. A study with no such trial measured nothing (exit 4, not 3): every trial
+        crashed, timed out or had a non-finite loss."""
+        return self.is_measured() or self is TrialOutcome.OOM
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

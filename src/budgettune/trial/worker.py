@@ -43,7 +43,8 @@ def run_trial(run: TrialRun) -> TrialResult:
     joins the process group torchrun set up and measures its own figures.
 
     Returns:
-        A `TrialResult` with outcome ``ok``, ``oom`` (caught by type) or ``crashed``.
+        A `TrialResult` with outcome ``ok``, ``oom``, ``non_finite`` (both caught by type) or
+        ``crashed``.
     """
     started = time.perf_counter()
     import torch
@@ -110,7 +111,7 @@ def _is_collective_error(exc: BaseException) -> bool:
 def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> TrialResult:
     import torch
 
-    from budgettune.errors import BudgettuneError
+    from budgettune.errors import BudgettuneError, NonFiniteLossError
     from budgettune.trial import measure, recompute
     from budgettune.workload import fingerprint, load_workload
 
@@ -164,6 +165,14 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> Tri
     except torch.cuda.OutOfMemoryError as exc:
         logger.error("out of memory", exc_info=exc)
         return TrialResult(outcome=TrialOutcome.OOM, error=_one_line(exc)[:500], **info)  # type: ignore[arg-type]
+    except NonFiniteLossError as exc:
+        logger.error("non-finite first step: %s", exc)
+        return TrialResult(
+            outcome=TrialOutcome.NON_FINITE,
+            error=str(exc),
+            workload_fingerprint=workload_fingerprint,
+            **info,  # type: ignore[arg-type]
+        )
     except BudgettuneError as exc:
         # Already one line for the user; the traceback (e.g. the user's build) went to the log.
         logger.error("trial failed: %s", exc)
