@@ -213,10 +213,10 @@ def next_structured(
         specs = [structured_spec(base, policy, stride) for stride in strides]
         fitting, missing = -1, len(specs) if policy == "full" else full_missing
         for index, spec in enumerate(specs):
-            point = by_spec.get(spec)
-            if point is None or not point.finished:
+            measured = by_spec.get(spec)
+            if measured is None or not measured.finished:
                 continue
-            if point.fits:
+            if measured.fits:
                 fitting = max(fitting, index)
             else:
                 missing = min(missing, index)
