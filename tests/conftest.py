@@ -21,6 +21,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _one_cpu_lock_per_test_worker()
+
+
+def _one_cpu_lock_per_test_worker() -> None:
+    """The suite runs in two pytest-xdist workers (pyproject's addopts): each gets its own
+    CPU-trial lock, so the trials of one worker take turns as on a host and the two workers'
+    trials run side by side. The lock exists for timing quality (two trials side by side time
+    each other); the tests assert memory figures, outcomes and study state, not step times,
+    and a test about the lock itself sets its own path."""
+    import os
+    import tempfile
+
+    from budgettune.trial.cpu_lock import CPU_LOCK_ENV
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and CPU_LOCK_ENV not in os.environ:
+        os.environ[CPU_LOCK_ENV] = os.path.join(
+            tempfile.gettempdir(), f"budgettune-cpu-tests-{os.getuid()}-{worker}.lock"
+        )
 
 
 @pytest.fixture

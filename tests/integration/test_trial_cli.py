@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from budgettune.trial.launcher import CPU_LOCK_ENV
+from budgettune.trial.cpu_lock import CPU_LOCK_ENV
 
 # The console script beside the interpreter running the tests: the venv need not be activated
 # (a bare `budgettune` from PATH is found only when it is).
