@@ -263,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "report":
         print(report(_read_jsonl(args.records)))
         return 0
+    if any(r["workload"] == args.name and r["seed"] == args.seed for r in _read_jsonl([args.out])):
+        print(f"{args.name} seed {args.seed}: recorded in {args.out} already")
+        return 0
     grid = _read_jsonl(args.grid)
     limit = limit_bytes(grid, args.name)
     if limit is None:
