@@ -19,6 +19,7 @@ Sets (builtin:llama, B=4, T=1024, bf16, AdamW as usually written unless named ``
              0.7..0.1 with and without expandable segments
     vit      builtin:vit: budgets 1.0, 0.7, 0.5, full AC, op policy
     smoke    tiny-gpt on CPU (for tests)
+    grid30-NAME  issue 30's hand grid of a transformers workload (benchmarks/grid_vs_search.py)
 """
 
 from __future__ import annotations
@@ -309,6 +310,14 @@ def configs(name: str, *, warmup: int, timed: int) -> list[dict[str, Any]]:
                 **tiny,
             )
         )
+    elif name.startswith("grid30-"):
+        # issue 30's hand grids of transformers workloads (benchmarks/grid_vs_search.py)
+        from benchmarks.grid_vs_search import WORKLOADS, grid_configs
+
+        workload = name.removeprefix("grid30-")
+        if workload not in WORKLOADS:
+            raise SystemExit(f"unknown set {name!r}; grid30- sets: {sorted(WORKLOADS)}")
+        out.extend(grid_configs(workload, warmup=warmup, timed=timed))
     else:
         raise SystemExit(f"unknown set {name!r}")
     return out

@@ -72,8 +72,10 @@ def search(
             help="Trials to add to the study (default 20; a new study's first ones are budget "
             "1.0, full block AC, budget 0.5, and budget 0.8 from 10 trials on where the budget "
             "range holds it, with fused AdamW and expandable segments where those are "
-            "searched); 0 runs none and only re-verifies and pins what an existing study "
-            "holds (a search cut off before its pin)."
+            "searched; from 8 trials on, full block AC with each of those flipped, the winner "
+            "on both memory and time held for the study, then block AC strides per policy "
+            "placed by bisection on the memory axis); 0 runs none and only re-verifies and "
+            "pins what an existing study holds (a search cut off before its pin)."
         ),
     ] = None,
     study: Annotated[

@@ -47,6 +47,8 @@ def show(
         stdout.print(f"note: {report.advice}")
     for line in report.excluded:
         stdout.print(f"excluded after crashes: {line}", highlight=False)
+    for line in report.settled:
+        stdout.print(f"held after the opening: {line}", highlight=False)
     if report.pin is not None:
         stdout.print(pin_table(dict(report.pin), title="current pin"))
 

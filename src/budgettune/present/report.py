@@ -19,8 +19,10 @@ from budgettune.pinning import allocator_advice, phase_advice
 from budgettune.storage.trials import (
     BASELINE_ATTR,
     EXCLUDED_ATTR,
+    SETTLED_ATTR,
     baseline_status,
     describe_exclusion,
+    describe_settlements,
     full_ac_step_ms,
     is_feasible,
     trial_outcome,
@@ -98,6 +100,8 @@ class StudyReport:
     """Said when recompute cannot help (the peak sits in the optimizer step)."""
     excluded: tuple[str, ...] = ()
     """One line per knob value the search stopped proposing after it crashed."""
+    settled: tuple[str, ...] = ()
+    """One line per free choice the opening held for the rest of the study."""
     world_size: int = 1
     """Ranks per trial (above 1: sharded trials; peaks are per rank)."""
 
@@ -237,5 +241,6 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         pin=_as_dict(store.latest_pin(name)),
         advice="; ".join(a for a in advice if a),
         excluded=tuple(describe_exclusion(e) for e in study.user_attrs.get(EXCLUDED_ATTR, [])),
+        settled=describe_settlements(study.user_attrs.get(SETTLED_ATTR)),
         world_size=int(search.get("nproc_per_node", 1)),
     )

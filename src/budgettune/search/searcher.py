@@ -36,7 +36,7 @@ from budgettune.errors import (
 from budgettune.pinning import (
     margin_violation_bytes,
 )
-from budgettune.search.crash_memory import narrow, remember_crashes
+from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
 from budgettune.search.opening import (
@@ -45,6 +45,7 @@ from budgettune.search.opening import (
     open_study,
     requeue_unfinished,
 )
+from budgettune.search.opening_plan import plan_opening, sampling_space
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
@@ -61,7 +62,6 @@ from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, count_tr
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
-    EXCLUDED_ATTR,
     UNCONSTRAINED,
     best_feasible_ms,
     unconstrained_baseline,
@@ -165,8 +165,8 @@ class Searcher:
             # suggest_spec still runs so the params match the distributions.
             suggest_spec(trial, self.search.space, self.search.base)
             return TrialSpec.from_json_dict(enqueued)
-        excluded = self.study.user_attrs.get(EXCLUDED_ATTR, [])
-        return suggest_spec(trial, narrow(self.search.space, excluded), self.search.base)
+        space = sampling_space(self.search, self.study.user_attrs)
+        return suggest_spec(trial, space, self.search.base)
 
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
@@ -321,6 +321,7 @@ class Searcher:
                         self.claim.release()
                         time.sleep(WAIT_POLL_S)
                         continue
+                    plan_opening(self.study, self.search, self.observer.notice)
                     self.run_one_trial()
             finally:
                 self.claim.release()

@@ -40,8 +40,6 @@ TIME_NOISE = 0.01
 """Relative step-time difference below which two configurations are equally fast."""
 PEAK_NOISE = 0.002
 """Relative peak difference below which two configurations hold the same memory."""
-SETTLED_ATTR = "settled"
-"""Study user attr: ``{knob: {"value": ..., "reason": ...}}`` of the held free choices."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

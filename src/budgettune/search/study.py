@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 
 from budgettune.search.spec import STUDY_NAME_PATTERN, SearchSpec
+from budgettune.search.structured import settle_probes, wants_structured_opening
 from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
 from budgettune.trial.results import RankFigures, TrialResult
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
@@ -148,8 +149,11 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
 
     ``unconstrained`` (compile at budget 1.0, optimizer as written unless fixed) is the
     reference for slowdown and numerics; block AC every 1 and budget 0.5 are the usual hand
-    picks. A study of at least `HIGH_BUDGET_MIN_TRIALS` trials also opens with budget 0.8,
-    at the searched knobs' leanest settings (`_leanest`):
+    picks. A study long enough for the structured opening (`search.structured`) also
+    measures its settle probes here; its structured points follow as results come in.
+
+    A study of at least `HIGH_BUDGET_MIN_TRIALS` trials also opens with budget 0.8, at the
+    searched knobs' leanest settings (`_leanest`):
     the budget->peak map is not monotone, and 0.5 is often the worse of the two on memory
     *and* time, so when 1.0 and 0.5 both miss the limit the sampler would otherwise take the
     whole high-budget range for infeasible. Measured on one H200 (torch 2.11,
@@ -160,7 +164,7 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
     without block AC again, and pinned a configuration 7 % slower than fused 0.9.
     """
     fixed = search.space.fixed
-    base = _as_given(search)
+    base = as_given(search)
     specs = [
         (UNCONSTRAINED, base),
         (FULL_AC, base.replace(block_ac_every=1)),
@@ -177,11 +181,14 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
         # What sharded training stacks hand-set (torchtitan's selective "op" AC, compiled):
         # the pin reports its slowdown against it, measured the same way in the same study.
         specs.append((OP_SAC, base.replace(block_ac_every=1, block_ac_policy="op")))
+    if wants_structured_opening(search):
+        specs += settle_probes(search, base.replace(block_ac_every=1))
     return specs
 
 
-def _as_given(search: SearchSpec) -> TrialSpec:
-    """Compile at budget 1.0, no block AC, the optimizer and allocator as the user gave them."""
+def as_given(search: SearchSpec) -> TrialSpec:
+    """Compile at budget 1.0, no block AC, the optimizer and allocator as the user gave them
+    (the unconstrained baseline; the other baselines change one thing of it)."""
     fixed = search.space.fixed
     return search.base.replace(
         activation_memory_budget=1.0,
@@ -202,7 +209,7 @@ def high_budget_retry(search: SearchSpec) -> TrialSpec | None:
     """
     if not _leanest(search):
         return None
-    return _as_given(search).replace(activation_memory_budget=0.8)
+    return as_given(search).replace(activation_memory_budget=0.8)
 
 
 def _leanest(search: SearchSpec) -> dict[str, str]:

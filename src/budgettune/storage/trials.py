@@ -168,6 +168,19 @@ def full_ac_step_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
     return trial.user_attrs.get("step_time_ms")
 
 
+SETTLED_ATTR = "settled"
+"""Study user attr: ``{knob: {"value": ..., "reason": ...}}``, the free choices the opening
+held for the rest of the study (`search.structured`)."""
+
+
+def describe_settlements(attr: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """One line per held free choice: ``optimizer_impl='fused' ('fused' 6.1 GB ... )``."""
+    return tuple(
+        f"{knob}={entry.get('value')!r} ({entry.get('reason', '')})"
+        for knob, entry in sorted((attr or {}).items())
+    )
+
+
 EXCLUDED_ATTR = "excluded"
 """Study user attr: knob values the search no longer proposes, each a dict with ``knob``,
 ``value``, ``reason``, ``error`` and ``trials`` (written by `search.crash_memory`)."""

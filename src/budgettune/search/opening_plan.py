@@ -1,0 +1,106 @@
+"""The structured opening in a running study (`search.structured` decides; this reads the
+study and acts): hold the free choices its settle probes decided, and queue its next
+structured point. Called under the claim lock, before a worker asks for its next trial, so
+two workers never queue the same point; the decision uses finished trials only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from budgettune.search.crash_memory import narrow
+from budgettune.search.opening import ENQUEUED_SPEC_ATTR, enqueue_baseline
+from budgettune.search.space import SearchSpace
+from budgettune.search.spec import SearchSpec
+from budgettune.search.structured import (
+    SETTLE_PREFIX,
+    Point,
+    held_values,
+    next_structured,
+    settle,
+    settled_attr,
+    wants_structured_opening,
+)
+from budgettune.search.study import as_given
+from budgettune.storage.trials import BASELINE_ATTR, EXCLUDED_ATTR, FULL_AC, SETTLED_ATTR
+from budgettune.trial.spec import TrialSpec
+
+_STATE = optuna.trial.TrialState
+
+
+def points_of(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> list[Point]:
+    """The study's trials as the opening sees them: measured ones with their figures, queued
+    and running ones with the configuration they will measure (sampled ones only once
+    measured)."""
+    points = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        spec_json = attrs.get("spec") or attrs.get(ENQUEUED_SPEC_ATTR)
+        if spec_json is None or (trial.state is _STATE.FAIL and "outcome" not in attrs):
+            continue  # a sampled trial not yet measured, or one failed before it ran
+        finished = "outcome" in attrs and trial.state.is_finished()
+        constraint = attrs.get("constraint")
+        peak = attrs.get(f"peak_{mem_metric}_bytes")
+        points.append(
+            Point(
+                label=attrs.get(BASELINE_ATTR),
+                spec=TrialSpec.from_json_dict(spec_json),
+                finished=finished,
+                outcome=attrs.get("outcome") if finished else None,
+                peak_bytes=peak,
+                step_time_ms=attrs.get("step_time_ms"),
+                fits=None if not constraint else constraint[0] <= 0,
+            )
+        )
+    return points
+
+
+def held(study_attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The free choices the study holds (`SETTLED_ATTR`)."""
+    return held_values(study_attrs.get(SETTLED_ATTR))
+
+
+def sampling_space(search: SearchSpec, study_attrs: Mapping[str, Any]) -> SearchSpace:
+    """The space the sampler draws from: without the values crashes excluded, with the free
+    choices the opening settled held fixed."""
+    space = narrow(search.space, study_attrs.get(EXCLUDED_ATTR, []))
+    kept = held(study_attrs)
+    return space.replace(fixed={**space.fixed, **kept}) if kept else space
+
+
+def plan_opening(
+    study: optuna.Study, search: SearchSpec, notice: Callable[[str], None]
+) -> None:
+    """Record newly settled choices (and say so), then queue the next structured point.
+
+    Nothing is queued while trials wait in the queue or a settle probe (or the full-AC
+    reference) has no result yet: the next point depends on them.
+    """
+    if not wants_structured_opening(search):
+        return
+    trials = study.get_trials(deepcopy=False)
+    points = points_of(trials, search.mem_metric)
+    settled = {s.knob: s for s in settle(points, FULL_AC)}
+    known = held(study.user_attrs)
+    new = [s for knob, s in settled.items() if knob not in known]
+    if new:
+        stored = dict(study.user_attrs.get(SETTLED_ATTR) or {})
+        stored.update(settled_attr(new))
+        study.set_user_attr(SETTLED_ATTR, stored)
+        for entry in new:
+            notice(f"holding {entry.knob}={entry.value!r} for the study: {entry.reason}")
+    if any(t.state is _STATE.WAITING for t in trials):
+        return
+    if any(not p.finished for p in points if (p.label or "").startswith(SETTLE_PREFIX)):
+        return
+    if not any(p.finished for p in points if p.label == FULL_AC):
+        return
+    base = as_given(search).replace(**held(study.user_attrs))
+    policies = sampling_space(search, study.user_attrs).block_ac_policies
+    step = next_structured(search, points, base, policies)
+    if step is not None:
+        label, spec = step
+        enqueue_baseline(study, search, label, spec)

@@ -1,0 +1,98 @@
+"""The structured opening in a real Optuna study (SQLite in tmp_path): what gets queued and held
+as trials finish. The measurements are written as the objective writes them (user attrs and a
+told value), so no trial process runs; `test_structured_opening.py` covers the decisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from budgettune import storage as storage_mod
+from budgettune.search.opening import open_study
+from budgettune.search.opening_plan import plan_opening, sampling_space
+from budgettune.search.space import SearchSpace
+from budgettune.search.spec import SearchSpec
+from budgettune.storage.trials import SETTLED_ATTR
+from budgettune.trial.spec import TrialSpec
+
+MB = 1_000_000
+# (peak MB, step ms) of a model whose block AC behaves as the bisection assumes
+FIGURES = {
+    ("as_written", 0, "full"): (141, 50.0),
+    ("as_written", 1, "full"): (93, 70.0),
+    ("fused", 1, "full"): (90, 60.0),  # the settle probe: fused wins on both axes
+    ("fused", 2, "full"): (110, 55.0),
+    ("fused", 0, "full"): (138, 45.0),
+    ("fused", 1, "op"): (96, 58.0),
+    ("fused", 2, "op"): (118, 52.0),
+}
+
+
+def _search(tmp_path: Path) -> SearchSpec:
+    return SearchSpec(
+        workload="builtin:tiny-gpt",
+        study_name="plan",
+        max_mem_bytes=125 * MB,
+        num_trials=10,
+        storage_url=str(tmp_path / "s.db"),
+        space=SearchSpace(
+            block_ac_every=(0, 1, 2),
+            optimizer_impls=("as_written", "fused"),
+            knapsack_solvers=("dp",),
+            removable_ops=(),
+            addable_ops=(),
+            budget_high=0.7,  # no budget-0.8 probe: only the opening's own trials matter here
+        ),
+    )
+
+
+def _measure(study: optuna.Study, search: SearchSpec) -> TrialSpec:
+    """Run the next queued trial the way the objective stores it, with `FIGURES`."""
+    trial = study.ask()
+    spec = TrialSpec.from_json_dict(trial.user_attrs["enqueued_spec"])
+    policy = spec.block_ac_policy if spec.block_ac_every else "full"
+    key = (spec.optimizer_impl, spec.block_ac_every, policy)
+    peak_mb, ms = FIGURES.get(key, (100, 65.0))  # budget 0.5 and the like: in between
+    peak = peak_mb * MB
+    trial.set_user_attr("spec", spec.to_json_dict())
+    trial.set_user_attr("outcome", "ok")
+    trial.set_user_attr("peak_device_bytes", peak)
+    trial.set_user_attr("step_time_ms", ms)
+    violation = peak * (1 + search.margin) - search.max_mem_bytes
+    trial.set_user_attr("constraint", [violation])
+    state = optuna.trial.TrialState.COMPLETE if violation <= 0 else optuna.trial.TrialState.PRUNED
+    study.tell(trial, ms if violation <= 0 else None, state=state)
+    return spec
+
+
+def test_the_opening_settles_fused_then_maps_block_ac_at_it(tmp_path: Path) -> None:
+    search = _search(tmp_path)
+    notices: list[str] = []
+    with storage_mod.open_storage(search.storage_url) as store:
+        study, created = open_study(search, store, create=True, heartbeat_s=10)
+        assert created
+        measured = []
+        for _ in range(search.num_trials):
+            plan_opening(study, search, notices.append)
+            if not any(t.state is optuna.trial.TrialState.WAITING for t in study.trials):
+                break  # the opening is over: the sampler's turn
+            measured.append(_measure(study, search))
+        labels = [t.user_attrs.get("baseline") for t in study.trials]
+        assert labels == [
+            "unconstrained",
+            "block-ac-every-1",
+            "budget-0.5",
+            "settle-optimizer_impl",
+            "structured-full-2",  # at the settled fused optimizer
+            "structured-none",  # full fits at 2: is no block AC under the limit? (no)
+            "structured-op-1",
+            "structured-op-2",  # over: op's boundary lies between 1 and 2
+        ]
+        assert all(s.optimizer_impl == "fused" for s in measured[4:])
+        (notice,) = notices
+        assert notice.startswith("holding optimizer_impl='fused' for the study: 'fused'")
+        assert study.user_attrs[SETTLED_ATTR]["optimizer_impl"]["value"] == "fused"
+        # the sampler draws with the settled choice held
+        space = sampling_space(search, study.user_attrs)
+        assert space.fixed["optimizer_impl"] == "fused"
