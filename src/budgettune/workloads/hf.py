@@ -195,7 +195,9 @@ def _config(transformers: Any, source: str, overrides: dict[str, Any], tiny: boo
     return transformers.AutoConfig.for_model(source, **changes)
 
 
-def _zero_dropout(config: Any) -> list[str]:
+def zero_dropout(config: Any) -> list[str]:
+    """Set every dropout probability of a `transformers` config to 0 (see the module
+    docstring); returns the keys it changed."""
     zeroed = []
     for key, value in sorted(config.to_dict().items()):
         if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float) and value:
@@ -316,7 +318,7 @@ def build(
     if dtype not in DTYPES:
         raise WorkloadError(f"hf:{source}: unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
     if not keep_dropout:
-        zeroed = _zero_dropout(config)
+        zeroed = zero_dropout(config)
         if zeroed:
             log.info(
                 "hf:%s: dropout set to 0 (%s); keep it with -o keep_dropout=true", source, zeroed
