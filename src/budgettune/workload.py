@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError, WorkloadError
+from budgettune.hub import hub_config_folder, is_hub_id
 
 if TYPE_CHECKING:
     import torch
@@ -146,8 +147,8 @@ def _parse_hf(ref: str) -> _Reference:
     source = ref.strip().removeprefix("hf:")
     if not source:
         raise WorkloadError(
-            f"workload reference {ref!r}: write hf:DIR (a folder with config.json) or "
-            "hf:MODEL_TYPE (e.g. hf:gpt2, hf:llama)"
+            f"workload reference {ref!r}: write hf:DIR (a folder with config.json), "
+            "hf:MODEL_TYPE (e.g. hf:gpt2, hf:llama) or hf:ORG/NAME (a Hub id)"
         )
     return _Reference(kind="hf", location=source, function="build")
 
@@ -191,9 +192,14 @@ def check_reference(ref: str) -> None:
     if parsed.kind == "hf":
         if importlib.util.find_spec("transformers") is None:
             raise WorkloadError(HF_INSTALL_HINT)
+        if is_hub_id(parsed.location):
+            hub_config_folder(parsed.location)  # fetched (or found cached) once, here
+            return
         folder = Path(parsed.location)
-        if (folder.exists() or "/" in parsed.location) and not (folder / "config.json").is_file():
+        if folder.exists() and not (folder / "config.json").is_file():
             raise WorkloadError(f"{ref}: no config.json in the folder {parsed.location}")
+        if not folder.exists() and "/" in parsed.location:
+            raise WorkloadError(f"{ref}: no such folder (a Hub id is ORG/NAME)")
     elif parsed.kind == "file":
         path = Path(parsed.location)
         if not path.is_file():
@@ -238,6 +244,8 @@ def reference_origin(ref: str) -> str:
         return f"{parsed.function} from the module {parsed.location}{where}"
     if parsed.kind == "builtin":
         return f"the built-in {parsed.location}"
+    if is_hub_id(parsed.location):
+        return f"a transformers model from the Hub config of {parsed.location} (random weights)"
     return f"a transformers model from {parsed.location} (random weights)"
 
 

@@ -58,6 +58,7 @@ class ExportFormat(str, enum.Enum):
 
     json = "json"
     env = "env"
+    torchtitan = "torchtitan"
 
 
 @app.command()
@@ -76,7 +77,10 @@ def export(
             "--format",
             help="json: write the pinned JSON to --output. env: print the environment the job "
             "must start with (PYTORCH_CUDA_ALLOC_CONF=..., one KEY=VALUE a line, nothing when "
-            "the pin sets none), for a launch script: export $(budgettune export --format env).",
+            "the pin sets none), for a launch script: export $(budgettune export --format env). "
+            "torchtitan: print the pin as torchtitan job-config TOML sections "
+            "(activation_checkpoint, compile, optimizer); one line on stderr says what "
+            "torchtitan's config cannot hold.",
         ),
     ] = ExportFormat.json,
     pin: Annotated[
@@ -85,7 +89,7 @@ def export(
     ] = None,
 ) -> None:
     """Write a study's current pinned config to a JSON file a training job loads, or print the
-    environment variables the job must start with."""
+    environment variables the job must start with, or torchtitan's job-config sections."""
     from budgettune.pinning import check_pin_output, load_pinned, parse_pin, write_pin
 
     if output_format is ExportFormat.json:
@@ -100,6 +104,17 @@ def export(
         line = pinned.env_assignment()
         if line:
             print(line)
+        return
+    if output_format is ExportFormat.torchtitan:
+        from budgettune.integrations.torchtitan import torchtitan_config
+
+        config = torchtitan_config(pinned)
+        print(config.to_toml(), end="")
+        if config.not_expressed:
+            stderr.print(
+                "note: torchtitan's config cannot hold " + "; ".join(config.not_expressed),
+                highlight=False,
+            )
         return
     write_pin(output, document)
     stdout.print(f"wrote {output}")

@@ -34,8 +34,9 @@ def workloads() -> None:
     table.add_row(
         "hf:DIR_OR_TYPE",
         "cuda/cpu",
-        "a transformers model from a folder's config.json or a model type (gpt2, llama, ...), "
-        "random weights, -o KEY=VALUE config overrides (pip install 'budgettune[hf]')",
+        "a transformers model from a folder's config.json, a model type (gpt2, llama, ...) "
+        "or a Hub id's config.json (hf:ORG/NAME), random weights, -o KEY=VALUE config "
+        "overrides (pip install 'budgettune[hf]')",
     )
     stdout.print(table)
 

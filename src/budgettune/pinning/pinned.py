@@ -165,10 +165,15 @@ class PinnedConfig:
         blocks: Sequence[nn.Module] | None = None,
         mesh: Any = None,
         parallelize: Any = None,
+        in_place: bool = False,
     ) -> nn.Module:
         """Apply the pin: the allocator setting (if `load_pinned` could not yet), the trial's
         model changes, block AC on ``blocks`` (found if omitted), then compile with the
         partitioner settings scoped to the model's calls (never set globally).
+
+        With ``in_place=True`` the model itself is returned, its ``forward`` compiled in place
+        (`trial.scoped_forward`): for a trainer that holds the model (transformers' `Trainer`,
+        Lightning; `budgettune.integrations` does this). Not for a pin measured sharded.
 
         A pin measured sharded (``world_size`` > 1), applied in a job under torchrun with the
         process group initialised (or given a ``mesh``), is applied as its trials were, on this
@@ -182,6 +187,12 @@ class PinnedConfig:
         from budgettune.blocks import find_blocks
         from budgettune.trial.recompute import apply_to_model
 
+        pinned_world = int(self.document.get("world_size", 1))
+        if in_place and (pinned_world > 1 or mesh is not None):
+            raise PinnedConfigError(
+                f"{self.path}: a pin measured sharded ({pinned_world} ranks) is applied with "
+                "pinned.compile(model) on every rank under torchrun, not in place"
+            )
         self.apply_allocator(stacklevel=3)
         expected = (self.fingerprint.get("workload") or {}).get("param_count")
         count = sum(p.numel() for p in model.parameters())
@@ -194,7 +205,6 @@ class PinnedConfig:
             )
         if blocks is None and self.spec.block_ac_every:
             blocks = find_blocks(model)
-        pinned_world = int(self.document.get("world_size", 1))
         running_world = world_size_from_env()
         if running_world != pinned_world:
             split = (self.document.get("measured") or {}).get("split")
@@ -204,6 +214,13 @@ class PinnedConfig:
             warnings.warn(
                 f"pinned config {self.path or ''}: {text}", StalePinWarning, stacklevel=2
             )
+        if in_place:
+            from budgettune.trial.recompute import prepare_model
+            from budgettune.trial.scoped_forward import compile_forward_in_place
+
+            prepare_model(model, self.spec, blocks, model_changes=self.model_changes)
+            compile_forward_in_place(model, self.spec)
+            return model
         mesh = mesh if mesh is not None else sharded_mesh(model, pinned_world, running_world)
         if mesh is not None:
             return apply_sharded(
@@ -216,10 +233,19 @@ class PinnedConfig:
             )
         return apply_to_model(model, self.spec, blocks, model_changes=self.model_changes)
 
-    def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The same optimizer rebuilt with the pinned implementation flag (as written: itself)."""
-        from budgettune.trial.optimizers import rebuild_optimizer
+    def optimizer(
+        self, optimizer: torch.optim.Optimizer, *, in_place: bool = False
+    ) -> torch.optim.Optimizer:
+        """The same optimizer rebuilt with the pinned implementation flag (as written: itself).
 
+        With ``in_place=True`` the optimizer itself is initialised again with the flag and
+        returned, so a trainer's references to it (and a scheduler's) stay valid.
+        """
+        from budgettune.trial.optimizers import rebuild_optimizer, rebuild_optimizer_in_place
+
+        if in_place:
+            rebuild_optimizer_in_place(optimizer, self.spec.optimizer_impl)
+            return optimizer
         return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
 
 

@@ -117,3 +117,8 @@ def apply_block_ac(blocks: Sequence[nn.Module], every: int, policy: str) -> int:
         setattr(block, _BLOCK_AC_MARK, True)
         wrapped += 1
     return wrapped
+
+
+def is_checkpointed(block: nn.Module) -> bool:
+    """Whether `apply_block_ac` wrapped ``block``."""
+    return bool(getattr(block, _BLOCK_AC_MARK, False))

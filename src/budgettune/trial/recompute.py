@@ -217,8 +217,8 @@ def partitioner_settings(spec: TrialSpec) -> Iterator[None]:
 # --------------------------------------------------------------------------- compile
 
 
-def compile_model(model: nn.Module, spec: TrialSpec) -> Callable[..., Any]:
-    """`torch.compile` the model as the spec says (``eager``: the model unchanged).
+def compile_model(model: nn.Module | Callable[..., Any], spec: TrialSpec) -> Callable[..., Any]:
+    """`torch.compile` the model (or a function) as the spec says (``eager``: unchanged).
 
     Compilation is lazy: call the result inside `partitioner_settings(spec)`.
     """
@@ -368,6 +368,25 @@ def apply_to_model(
     Raises:
         SpecError: on an unsupported spec or block AC without blocks.
     """
+    prepare_model(model, spec, blocks, model_changes=model_changes)
+    if not spec.is_compiled:
+        return model
+    return scoped_module_class()(model, compile_model(model, spec), spec)
+
+
+def prepare_model(
+    model: nn.Module,
+    spec: TrialSpec,
+    blocks: Sequence[nn.Module] | None = None,
+    *,
+    model_changes: Sequence[str] = (),
+) -> None:
+    """`apply_to_model` up to the compile: checks, the trial's model changes and block AC, in
+    place (see its arguments).
+
+    Raises:
+        SpecError: on an unsupported spec or block AC without blocks.
+    """
     device_type = next((p.device.type for p in model.parameters()), "cpu")
     check_spec_supported(spec, device_type)
     apply_model_changes(model, model_changes)
@@ -379,9 +398,6 @@ def apply_to_model(
         # (a pin written before model changes were recorded is covered by the same rule).
         turn_off_kv_cache(model)
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
-    if not spec.is_compiled:
-        return model
-    return scoped_module_class()(model, compile_model(model, spec), spec)
 
 
 # --------------------------------------------------------------------------- introspection

@@ -2,10 +2,13 @@
 
 ``hf:path/to/checkpoint`` reads the folder's ``config.json`` (no weights are read: memory and
 step time do not depend on their values); ``hf:gpt2`` / ``hf:llama`` / ``hf:bert`` /
-``hf:mixtral`` / ``hf:vit`` build the model type's default config. Options that are not this
+``hf:mixtral`` / ``hf:vit`` build the model type's default config; ``hf:ORG/NAME`` (a Hub id,
+when no such folder exists) reads that model's ``config.json`` from the Hugging Face cache,
+fetching that one file if needed (`budgettune.hub`). Options that are not this
 builder's own (``batch_size``, ``seq_len``, ``task``, ``dtype``, ``tiny``, ``seed``,
 ``keep_dropout``) override config attributes (``-o n_layer=24 -o n_embd=1024``); an attribute
-the config does not have is an error, so a typo is not silently ignored. Nothing is downloaded.
+the config does not have is an error, so a typo is not silently ignored. No weights are
+downloaded.
 
 The batch is synthetic: token ids (with labels) for language models (an encoder-decoder's
 decoder reads the labels shifted right), padded with an attention mask for sequence
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 
 from budgettune.errors import WorkloadError
+from budgettune.hub import hub_config_folder, is_hub_id
 from budgettune.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -85,14 +89,28 @@ def _transformers() -> Any:
     return transformers
 
 
-def _base_config(transformers: Any, source: str) -> tuple[Any, str]:
-    """The source's config (a folder with config.json, or a model type) and its model type."""
-    auto = transformers.AutoConfig
+def _config_folder(source: str) -> Path | None:
+    """The folder whose config.json the source names (a local one, or a Hub id's cached
+    snapshot), or None for a model type."""
+    if is_hub_id(source):
+        return hub_config_folder(source)
     folder = Path(source)
     if (folder / "config.json").is_file():
-        return auto.from_pretrained(str(folder)), str(folder)
-    if folder.exists() or "/" in source:
+        return folder
+    if folder.exists():
         raise WorkloadError(f"hf:{source}: no config.json in that folder")
+    if "/" in source:
+        raise WorkloadError(f"hf:{source}: no such folder (a Hub id is ORG/NAME)")
+    return None
+
+
+def _base_config(transformers: Any, source: str) -> tuple[Any, str]:
+    """The source's config (a folder with config.json, a Hub id, or a model type) and where
+    it came from."""
+    auto = transformers.AutoConfig
+    folder = _config_folder(source)
+    if folder is not None:
+        return auto.from_pretrained(str(folder)), str(folder)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if source not in CONFIG_MAPPING_NAMES:
@@ -171,13 +189,15 @@ def _config(transformers: Any, source: str, overrides: dict[str, Any], tiny: boo
         # the labels shifted right start with it (T5's default config leaves it out)
         pad = changes.get("pad_token_id", getattr(base, "pad_token_id", None))
         changes.setdefault("decoder_start_token_id", pad or 0)
-    folder = Path(source)
-    if (folder / "config.json").is_file():
+    folder = _config_folder(source)
+    if folder is not None:
         return transformers.AutoConfig.from_pretrained(str(folder), **changes)
     return transformers.AutoConfig.for_model(source, **changes)
 
 
-def _zero_dropout(config: Any) -> list[str]:
+def zero_dropout(config: Any) -> list[str]:
+    """Set every dropout probability of a `transformers` config to 0 (see the module
+    docstring); returns the keys it changed."""
     zeroed = []
     for key, value in sorted(config.to_dict().items()):
         if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float) and value:
@@ -272,7 +292,8 @@ def build(
 
     Args:
         device: where to build.
-        source: a folder holding ``config.json``, or a model type (``gpt2``, ``llama``...).
+        source: a folder holding ``config.json``, a model type (``gpt2``, ``llama``...), or a
+            Hub id (``Qwen/Qwen2.5-7B``: its config.json, from the Hugging Face cache).
         batch_size: rows of the batch.
         seq_len: tokens per row (language models).
         task: ``seq2seq-lm`` (the default for an encoder-decoder: T5, BART...), ``causal-lm``
@@ -297,7 +318,7 @@ def build(
     if dtype not in DTYPES:
         raise WorkloadError(f"hf:{source}: unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
     if not keep_dropout:
-        zeroed = _zero_dropout(config)
+        zeroed = zero_dropout(config)
         if zeroed:
             log.info(
                 "hf:%s: dropout set to 0 (%s); keep it with -o keep_dropout=true", source, zeroed

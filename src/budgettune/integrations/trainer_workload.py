@@ -1,0 +1,231 @@
+"""A `transformers` `Trainer`'s model and first batch as a workload to search, without a builder.
+
+    ref = write_workload(trainer, "trainer_workload")   # "trainer_workload/build.py:build"
+    # budgettune search --workload trainer_workload/build.py:build --max-mem 20GB
+
+The folder gets the model's ``config.json``, the `Trainer`'s first training batch
+(``batch.pt``, as its data loader and collator make it), ``trainer.json`` (the model class,
+its dtype, the mixed precision and the optimizer the `Trainer` would build) and a three-line
+``build.py``. A trial builds the model again from the config, with random weights (memory
+and step time do not depend on their values), on the trial's device, and steps it as the
+`Trainer` does: ``model(**batch).loss``, backward, the optimizer's step.
+
+What it cannot see is said in ``build.py`` and logged: a ``compute_loss`` of your own, label
+smoothing, gradient clipping and accumulation (a trial steps one micro-batch), the
+scheduler, frozen parameters and adapters (a `peft` model is refused: write a builder, as in
+``examples/wrapped_decoder.py``); dropout is set to 0, as ``hf:`` does (``keep_dropout=true``
+keeps it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from budgettune.errors import WorkloadError
+from budgettune.workload import Workload
+from budgettune.workloads.hf import zero_dropout
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+BUILD_FILE = "build.py"
+TRAINER_FILE = "trainer.json"
+BATCH_FILE = "batch.pt"
+_BUILD_TEMPLATE = '''"""A budgettune workload: a transformers Trainer's {model_class}
+(its config.json, random weights) and first batch ({batch}),
+written by budgettune.integrations.transformers.write_workload.
+
+    budgettune search --workload {reference} --max-mem 20GB
+
+Not captured from the Trainer: {not_captured}.
+"""
+
+from pathlib import Path
+
+from budgettune.integrations.trainer_workload import load_saved_workload
+
+
+def build(device, keep_dropout=False):
+    return load_saved_workload(Path(__file__).resolve().parent, device, keep_dropout=keep_dropout)
+'''
+
+
+def _optimizer_entry(trainer: Any, model: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """The optimizer the `Trainer` uses or would build: ``{"class": "pkg.mod.Cls", "kwargs":
+    {...}}`` (JSON values only), and what of it is not captured."""
+    import inspect
+
+    missed: list[str] = []
+    if trainer.optimizer is not None:
+        cls, kwargs = type(trainer.optimizer), dict(trainer.optimizer.defaults)
+    else:
+        cls, kwargs = trainer.get_optimizer_cls_and_kwargs(trainer.args, model)
+        kwargs = {**kwargs, "weight_decay": trainer.args.weight_decay}
+    accepted = inspect.signature(cls.__init__).parameters
+    kept: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        value = list(value) if isinstance(value, tuple) else value
+        if key not in accepted:
+            continue
+        if isinstance(value, (bool, int, float, str, list)) or value is None:
+            kept[key] = value
+        else:
+            missed.append(f"optimizer argument {key}")
+    path = f"{cls.__module__}.{cls.__qualname__}"
+    if "<" in path:  # defined in a function: not importable by the trial
+        missed.append(f"optimizer {path} (AdamW is used)")
+        return None, missed
+    return {"class": path, "kwargs": kept}, missed
+
+
+def _not_captured(trainer: Any, model: Any) -> list[str]:
+    import transformers
+
+    args = trainer.args
+    missed = []
+    if type(trainer).compute_loss is not transformers.Trainer.compute_loss or getattr(
+        trainer, "compute_loss_func", None
+    ):
+        missed.append("your compute_loss (the model's own loss is used)")
+    if getattr(args, "label_smoothing_factor", 0):
+        missed.append("label smoothing")
+    if getattr(args, "max_grad_norm", 0):
+        missed.append(f"gradient clipping (max_grad_norm={args.max_grad_norm})")
+    if getattr(args, "gradient_accumulation_steps", 1) > 1:
+        missed.append(f"gradient accumulation ({args.gradient_accumulation_steps} micro-batches)")
+    checkpointing = ("activation_checkpointing", "gradient_checkpointing")
+    if any(getattr(args, name, False) for name in checkpointing):
+        missed.append("the Trainer's gradient checkpointing (the search chooses AC itself)")
+    if not all(p.requires_grad for p in model.parameters()):
+        missed.append("frozen parameters (every parameter trains)")
+    dropout = [
+        key
+        for key, value in model.config.to_dict().items()
+        if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float) and value
+    ]
+    if dropout:
+        missed.append(f"dropout ({', '.join(dropout)} set to 0; keep_dropout=true keeps it)")
+    missed.append("the learning-rate scheduler")
+    return missed
+
+
+def write_workload(trainer: Any, folder: str | Path) -> str:
+    """Write a workload of a `Trainer`'s model and first batch (see the module docstring).
+
+    Args:
+        trainer: a `transformers.Trainer` with a train dataset.
+        folder: where to write (made if missing; its files are replaced).
+
+    Returns:
+        The workload reference, ``FOLDER/build.py:build``.
+
+    Raises:
+        WorkloadError: the model is not a class `transformers` exports (a `peft` model, a
+            model of remote code), or the batch is not a mapping of tensors.
+    """
+    import torch
+    import transformers
+
+    model = trainer.model
+    cls = type(model)
+    if not isinstance(model, transformers.PreTrainedModel) or (
+        getattr(transformers, cls.__name__, None) is not cls
+    ):
+        raise WorkloadError(
+            f"write_workload: the Trainer's model is a {cls.__module__}.{cls.__name__}, not a "
+            "model class transformers exports; write a builder (README: Your own workload)"
+        )
+    first = next(iter(trainer.get_train_dataloader()))
+    if not isinstance(first, Mapping):
+        raise WorkloadError(
+            f"write_workload: the Trainer's batches are {type(first).__name__}, not a mapping "
+            "of tensors; write a builder (README: Your own workload)"
+        )
+    batch = {k: v.detach().cpu() for k, v in first.items() if isinstance(v, torch.Tensor)}
+    optimizer, missed = _optimizer_entry(trainer, model)
+    missed = [*missed, *_not_captured(trainer, model)]
+    missed += [f"batch entry {k!r} (not a tensor)" for k in first if k not in batch]
+    args = trainer.args
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(out))
+    torch.save(batch, out / BATCH_FILE)
+    entry = {
+        "model_class": cls.__name__,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "autocast_dtype": "bfloat16" if args.bf16 else "float16" if args.fp16 else None,
+        "optimizer": optimizer,
+        "not_captured": missed,
+    }
+    (out / TRAINER_FILE).write_text(json.dumps(entry, indent=2) + "\n")
+    reference = f"{out / BUILD_FILE}:build"
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
+    (out / BUILD_FILE).write_text(
+        _BUILD_TEMPLATE.format(
+            model_class=cls.__name__,
+            batch=shapes,
+            reference=reference,
+            not_captured="; ".join(missed),
+        )
+    )
+    log.warning("wrote %s; not captured from the Trainer: %s", reference, "; ".join(missed))
+    return reference
+
+
+def _import_class(path: str) -> Any:
+    module_name, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise WorkloadError(f"the Trainer's optimizer {path} cannot be imported: {exc}") from None
+
+
+def load_saved_workload(
+    folder: Path, device: torch.device, *, keep_dropout: bool = False
+) -> Workload:
+    """Build the workload `write_workload` saved in ``folder`` on ``device``.
+
+    Raises:
+        WorkloadError: a file is missing or the optimizer cannot be imported.
+    """
+    import torch
+    import transformers
+
+    try:
+        entry = json.loads((folder / TRAINER_FILE).read_text())
+        batch = torch.load(folder / BATCH_FILE, weights_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"{folder}: not a folder write_workload wrote ({exc})") from None
+    if not keep_dropout:
+        zero_dropout(config)
+    with torch.device(device):
+        model = getattr(transformers, entry["model_class"])(config)
+    model = model.to(dtype=getattr(torch, entry["dtype"])).train()
+    optimizer = entry.get("optimizer")
+    optimizer_class: Any = torch.optim.AdamW
+    kwargs: dict[str, Any] = {"lr": 5e-5}
+    if optimizer is not None:
+        optimizer_class = _import_class(optimizer["class"])
+        kwargs = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in optimizer["kwargs"].items()
+        }
+    autocast = entry.get("autocast_dtype")
+    return Workload(
+        model=model,
+        batch={k: v.to(device) for k, v in batch.items()},
+        loss=_model_loss,
+        optimizer=lambda params: optimizer_class(params, **kwargs),
+        autocast_dtype=getattr(torch, autocast) if autocast else None,
+    )
+
+
+def _model_loss(model: Any, batch: Mapping[str, Any]) -> Any:
+    return model(**batch).loss

@@ -1,0 +1,196 @@
+"""A pin in the trainers people use (issue 32): a transformers `Trainer` and a Lightning
+`Trainer` train a tiny Llama for a few steps with the pin applied by one callback, and a
+`Trainer`'s model and first batch become a workload to search.
+
+The trainers are the examples' (`examples/hf_trainer.py`, `examples/lightning_with_pin.py`),
+run here on CPU with the codegen-free backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import sys
+import types
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from budgettune.errors import PinnedConfigError
+from budgettune.pinning import PinnedConfig, StalePinWarning, parse_pin, write_pin
+from budgettune.trial import allocator
+from budgettune.trial.block_ac import is_checkpointed
+from budgettune.trial.recompute import prepare
+from budgettune.trial.scoped_forward import scoped_forward_of
+from budgettune.trial.spec import EXPANDABLE, TrialSpec
+from budgettune.workload import check_reference, load_workload
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SPEC = TrialSpec(
+    activation_memory_budget=0.5,
+    compile_backend="aot_eager_decomp_partition",
+    block_ac_every=1,
+    optimizer_impl="foreach",
+)
+
+
+def _example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _doc(spec: TrialSpec = SPEC, **extra: object) -> dict:
+    return {
+        "schema_version": 1,
+        "spec": spec.to_json_dict(),
+        "workload": "examples/hf_trainer.py:build",
+        "limit_bytes": 1_000_000_000,
+        "mem_metric": "device",
+        "model_changes": ["use_cache=False"],
+        "fingerprint": {
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda or "",
+            "device_name": "cpu",
+            "workload": {},
+        },
+        **extra,
+    }
+
+
+def _pin(tmp_path: Path, spec: TrialSpec = SPEC) -> Path:
+    return write_pin(tmp_path / "best.json", _doc(spec))
+
+
+def _the_pin_is_applied(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    assert model.config.use_cache is False  # type: ignore[union-attr]
+    layers = model.model.layers  # type: ignore[union-attr]
+    assert len(layers) == 2 and all(is_checkpointed(block) for block in layers)
+    forward = scoped_forward_of(model)
+    assert forward is not None and forward.calls == 3  # every step ran the compiled forward
+    assert optimizer.defaults["foreach"] is True and optimizer.defaults["fused"] is False
+    # the partitioner settings were scoped to the model's calls, never left set
+    assert torch._functorch.config.activation_memory_budget == 1.0
+
+
+def test_a_transformers_trainer_trains_with_the_pin_applied(tmp_path: Path) -> None:
+    from budgettune.integrations.trainer_pin import torch_optimizer
+
+    example = _example("hf_trainer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StalePinWarning)
+        trainer = example.train(str(_pin(tmp_path)), str(tmp_path / "out"), steps=3)
+    model, optimizer = trainer.model, torch_optimizer(trainer.optimizer)
+    assert type(model).__name__ == "LlamaForCausalLM"  # the Trainer still holds its own model
+    assert trainer.args.optim.startswith("adamw_torch_fused")  # the Trainer built it fused
+    _the_pin_is_applied(model, optimizer)
+    # the Trainer read forward's parameters to drop the dataset's `row` column
+    assert "input_ids" in inspect.signature(model.forward).parameters
+    # the scheduler still drives the optimizer that steps: its linear decay reached 0
+    assert torch_optimizer(trainer.lr_scheduler.optimizer) is optimizer
+    assert optimizer.param_groups[0]["lr"] == 0.0
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+
+
+def test_a_lightning_trainer_fits_with_the_pin_applied(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    example = _example("lightning_with_pin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StalePinWarning)
+        trainer, module = example.train(str(_pin(tmp_path)), steps=3)
+    _the_pin_is_applied(module.model, trainer.optimizers[0])
+    assert len(module.losses) == 3 and all(math.isfinite(loss) for loss in module.losses)
+
+
+def test_lightning_warns_when_training_step_skips_the_compiled_forward(tmp_path: Path) -> None:
+    """Without ``module="model"`` the LightningModule's own forward is compiled, which the
+    example's training_step never calls: the first step says so."""
+    lightning = pytest.importorskip("lightning.pytorch")
+    from budgettune.integrations.lightning import PinCallback
+
+    example = _example("lightning_with_pin")
+    module = example.TinyLlama()
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        callbacks=[PinCallback(str(_pin(tmp_path)))],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = torch.utils.data.DataLoader(torch.randint(0, 256, (4, 16)), batch_size=4)
+    with pytest.warns(StalePinWarning, match="module='NAME'"):
+        trainer.fit(module, loader)
+
+
+def test_a_trainers_model_and_first_batch_become_a_workload(tmp_path: Path) -> None:
+    example = _example("hf_trainer")
+    reference = example.write(str(tmp_path / "workload"))
+    assert reference == f"{tmp_path / 'workload' / 'build.py'}:build"
+    check_reference(reference)
+    workload = load_workload(reference, torch.device("cpu"), {})
+    trainer_model = example.make_trainer(str(tmp_path / "out")).model
+    assert type(workload.model) is type(trainer_model)
+    count = sum(p.numel() for p in workload.model.parameters())
+    assert count == sum(p.numel() for p in trainer_model.parameters())
+    # the Trainer's batch: its collator stacked 4 rows and dropped the `row` column
+    assert {k: tuple(v.shape) for k, v in workload.batch.items()} == {
+        "input_ids": (4, 32),
+        "labels": (4, 32),
+    }
+    assert workload.optimizer is not None
+    optimizer = workload.optimizer(workload.model.parameters())
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.defaults["fused"] is True and optimizer.defaults["lr"] == 1e-3
+    step = prepare(
+        workload, TrialSpec(compile_mode="eager", block_ac_every=1), torch.device("cpu")
+    )
+    assert math.isfinite(step.run_step().item())
+    assert "gradient clipping (max_grad_norm=1.0)" in Path(reference.split(":")[0]).read_text()
+
+
+def _fake_torch() -> types.SimpleNamespace:
+    """torch's allocator entry points, as `apply_allocator_settings` reads them (CUDA holding
+    no memory): the only way to watch the setting arrive without changing this process's."""
+    state = {"settings": ""}
+    c_module = types.SimpleNamespace(
+        _accelerator_getAllocatorSettings=lambda: state["settings"],
+        _accelerator_setAllocatorSettings=lambda text: state.update(settings=text),
+    )
+    cuda = types.SimpleNamespace(is_initialized=lambda: False)
+    return types.SimpleNamespace(__version__="fake", _C=c_module, cuda=cuda, state=state)
+
+
+@pytest.mark.parametrize("integration", ["transformers", "lightning"])
+def test_a_callback_gives_the_allocator_setting_when_it_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, integration: str
+) -> None:
+    pytest.importorskip("lightning" if integration == "lightning" else "transformers")
+    callbacks = importlib.import_module(f"budgettune.integrations.{integration}")
+    spec = TrialSpec(compile_mode="eager", cuda_alloc_conf=EXPANDABLE)
+    pinned = parse_pin(_doc(spec), source="pin.json")
+    fake = _fake_torch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(allocator, "_APPLIED", set())
+    monkeypatch.delenv(allocator.ENV_VAR, raising=False)
+    callback = callbacks.PinCallback(pinned)
+    assert callback.pin.allocator.how == "setter"
+    assert fake.state["settings"] == EXPANDABLE
+    assert allocator.os.environ[allocator.ENV_VAR] == EXPANDABLE
+
+
+def test_a_sharded_pin_is_not_applied_in_place() -> None:
+    pinned: PinnedConfig = parse_pin(_doc(world_size=2), source="sharded.json")
+    with pytest.raises(PinnedConfigError, match="under torchrun, not in place"):
+        pinned.compile(torch.nn.Linear(2, 2), in_place=True)
