@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from benchmarks import grid_vs_search as g30
 from benchmarks import reference
 
