@@ -23,7 +23,8 @@ from budgettune.search.study_file import build_search_spec
 from budgettune.trial.cpu_lock import CPU_LOCK_ENV, cpu_trial_lock
 from budgettune.trial.spec import TrialSpec
 
-FAST = TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1, timed_steps=1)
+# Eager trials: these tests are about teammates and the study (a compile is ~5 s a CPU trial).
+FAST = TrialSpec(compile_mode="eager", warmup_steps=1, timed_steps=1)
 runner = CliRunner()
 
 
@@ -39,6 +40,7 @@ def _search(url: str, runs_dir: Path, *, limit: str = "500MB", study: str = "s")
             "top_k": 1,
             "reverify": 1,
             "space": {"backend": "aot_eager_decomp_partition"},
+            "fix": {"compile_mode": "eager"},
             "trial": {"warmup_steps": 1, "timed_steps": 1},
         },
         default_device="cpu",

@@ -1,7 +1,7 @@
 """Workers on one study: real `budgettune worker` processes, real PostgreSQL and SQLite.
 
-CPU trials on the tiny GPT with the fast flags (codegen-free backend, one warm-up, one timed
-step); heartbeats every 2 s so a killed worker's trial is failed and re-queued quickly.
+CPU trials on the tiny GPT with the fast flags (eager, one warm-up, one timed step);
+heartbeats every 2 s so a killed worker's trial is failed and re-queued quickly.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ def _spec(url: str, runs_dir: Path, *, trials: int, study: str = "team"):
             "timeout": 300,
             "sampler_seed": 7,
             "space": {"backend": "aot_eager_decomp_partition"},
+            # eager trials: these tests are about workers and the study, not the partitioner
+            # (a compile costs ~5 s of every CPU trial)
+            "fix": {"compile_mode": "eager"},
             "trial": {"warmup_steps": 1, "timed_steps": 1},
         },
         default_device="cpu",
@@ -93,7 +96,7 @@ def _trial_child(worker_pid: int) -> tuple[int, str] | None:
     return int(pid), command
 
 
-@pytest.mark.parametrize("backend, num_workers, target", [("postgres", 3, 9), ("sqlite", 2, 4)])
+@pytest.mark.parametrize("backend, num_workers, target", [("postgres", 3, 6), ("sqlite", 2, 4)])
 def test_workers_reach_the_target_exactly_and_a_killed_workers_trial_is_rerun(
     backend: str, num_workers: int, target: int, request, tmp_path: Path
 ) -> None:

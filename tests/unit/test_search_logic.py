@@ -171,11 +171,16 @@ def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> N
         {"space": {"budget": [0.2, 0.6]}},
     ):
         few = build_search_spec({"max_mem": "1GB", **options}, default_device="cpu")
-        assert [label for label, _ in baseline_specs(few)] == [
-            "unconstrained",
-            "block-ac-every-1",
-            "budget-0.5",
-        ], options
+        labels = [label for label, _ in baseline_specs(few)]
+        assert labels[:3] == ["unconstrained", "block-ac-every-1", "budget-0.5"], options
+        assert "budget-0.8" not in labels, options
+    # a study too short for the structured opening has the three baselines alone
+    short = build_search_spec({"max_mem": "1GB", "trials": 5}, default_device="cpu")
+    assert [label for label, _ in baseline_specs(short)] == [
+        "unconstrained",
+        "block-ac-every-1",
+        "budget-0.5",
+    ]
 
 
 def test_numerics_mismatch_is_flagged_with_dtype_aware_tolerance() -> None:
