@@ -249,12 +249,14 @@ def test_phase_advice_points_at_the_optimizer_knob() -> None:
 def test_study_file_unknown_key_and_merge(tmp_path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(
-        'workload = "builtin:tiny-gpt"\nmax_mem = "100MB"\n[space]\nmodes = ["default"]\n'
+        'workload = "builtin:tiny-gpt"\nmax_mem = "100MB"\n[space]\ncompile_modes = ["default"]\n'
     )
     values = read_study_file(path)
-    merged = merge(values, {"max_mem": "90MB", "space": {"modes": None, "ac_every": [0, 1]}})
+    merged = merge(
+        values, {"max_mem": "90MB", "space": {"compile_modes": None, "block_ac_every": [0, 1]}}
+    )
     assert merged["max_mem"] == "90MB"
-    assert merged["space"] == {"modes": ["default"], "ac_every": [0, 1]}
+    assert merged["space"] == {"compile_modes": ["default"], "block_ac_every": [0, 1]}
     spec = build_search_spec(merged, default_device="cpu")
     assert isinstance(spec, SearchSpec) and spec.max_mem_bytes == 90_000_000
     assert spec.space.block_ac_every == (0, 1)

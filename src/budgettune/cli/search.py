@@ -18,6 +18,7 @@ from budgettune.cli.app import (
     quiet_background,
     stdout,
 )
+from budgettune.cli.knob_options import search_parameters, space_values, with_knob_options
 from budgettune.cli.progress import SearchProgress
 from budgettune.errors import UsageError
 
@@ -31,15 +32,9 @@ def _csv(value: str | None, convert: Callable[[str], Any] = str) -> list[Any] | 
         raise UsageError(f"{value!r} is not a comma-separated list of numbers") from None
 
 
-def _budget_range(value: str | None) -> list[float] | None:
-    parts = _csv(value, float)
-    if parts is not None and len(parts) != 2:
-        raise UsageError("--budget-range takes LOW,HIGH, e.g. 0.3,1.0")
-    return parts
-
-
 @app.command()
 @handles_errors
+@with_knob_options(search_parameters)
 def search(
     study_file: Annotated[
         Path | None,
@@ -66,52 +61,33 @@ def search(
         str | None,
         typer.Option(help="What --max-mem limits: device (nvidia-smi), reserved or allocated."),
     ] = None,
-    trials: Annotated[
+    num_trials: Annotated[
         int | None,
         typer.Option(
+            "--num-trials",
+            "--trials",
             help="Trials to add to the study (default 20; a new study's first ones are budget "
             "1.0, full block AC, budget 0.5, and budget 0.8 from 10 trials on where the budget "
             "range holds it, with fused AdamW and expandable segments where those are "
             "searched; from 8 trials on, full block AC with each of those flipped, the winner "
             "on both memory and time held for the study, then block AC strides per policy "
             "placed by bisection on the memory axis); 0 runs none and only re-verifies and "
-            "pins what an existing study holds (a search cut off before its pin)."
+            "pins what an existing study holds (a search cut off before its pin).",
         ),
     ] = None,
-    study: Annotated[
-        str | None, typer.Option(help="Study name (default: from workload, device, limit).")
-    ] = None,
-    storage: Annotated[
+    study_name: Annotated[
         str | None,
-        typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db)."),
+        typer.Option(
+            "--study-name", "--study", help="Study name (default: from workload, device, limit)."
+        ),
     ] = None,
-    budget_range: Annotated[
-        str | None, typer.Option(help="Budgets searched, LOW,HIGH (default 0,1).")
-    ] = None,
-    modes: Annotated[
-        str | None, typer.Option(help="Compile modes searched, comma-separated.")
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="inductor or aot_eager_decomp_partition.")
-    ] = None,
-    solvers: Annotated[str | None, typer.Option(help="Knapsack solvers searched.")] = None,
-    estimators: Annotated[str | None, typer.Option(help="Runtime estimators searched.")] = None,
-    ac_every: Annotated[
-        str | None, typer.Option(help="Block-AC strides searched, e.g. 0,1,2,4.")
-    ] = None,
-    ac_policies: Annotated[str | None, typer.Option(help="Block-AC policies: full,op.")] = None,
-    optimizer_impls: Annotated[
-        str | None, typer.Option(help="Optimizer implementations: as_written,foreach,fused.")
-    ] = None,
-    alloc_confs: Annotated[
+    storage_url: Annotated[
         str | None,
-        typer.Option(help="PYTORCH_CUDA_ALLOC_CONF values; use 'default' for unset."),
-    ] = None,
-    remove_ops: Annotated[
-        str | None, typer.Option(help="Ops the search may remove from the recomputable list.")
-    ] = None,
-    add_ops: Annotated[
-        str | None, typer.Option(help="Ops the search may add to the recomputable list.")
+        typer.Option(
+            "--storage-url",
+            "--storage",
+            help="SQLAlchemy URL or SQLite path (default ./budgettune.db).",
+        ),
     ] = None,
     fix: Annotated[
         list[str] | None,
@@ -124,8 +100,11 @@ def search(
             "holds, the next ones are re-verified one by one, up to 8 in all, before exit 3."
         ),
     ] = None,
-    reverify: Annotated[
-        int | None, typer.Option(help="Fresh re-measurements per configuration.")
+    reverify_runs: Annotated[
+        int | None,
+        typer.Option(
+            "--reverify-runs", "--reverify", help="Fresh re-measurements per configuration."
+        ),
     ] = None,
     margin: Annotated[
         float | None,
@@ -135,12 +114,16 @@ def search(
             "run-to-run variation of the peak; 0.01-0.05 is sensible (default 0.03)."
         ),
     ] = None,
-    timeout: Annotated[
-        float | None, typer.Option(help="Seconds before a trial is killed.")
+    trial_timeout_s: Annotated[
+        float | None,
+        typer.Option("--trial-timeout-s", "--timeout", help="Seconds before a trial is killed."),
     ] = None,
     warmup_steps: Annotated[int | None, typer.Option(help="Untimed warm-up steps.")] = None,
     timed_steps: Annotated[int | None, typer.Option(help="Timed steps per trial.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampler seed (reproducible search).")] = None,
+    sampler_seed: Annotated[
+        int | None,
+        typer.Option("--sampler-seed", "--seed", help="Sampler seed (reproducible search)."),
+    ] = None,
     runs_dir: Annotated[
         str | None, typer.Option(help="Folder for trial logs and compile caches.")
     ] = None,
@@ -162,9 +145,13 @@ def search(
             "order) under torchrun; with --gpus, each group of N GPUs runs one trial.",
         ),
     ] = None,
-    collective_timeout: Annotated[
+    collective_timeout_s: Annotated[
         float | None,
-        typer.Option(help="Seconds a rank's collective may wait before it fails (default 300)."),
+        typer.Option(
+            "--collective-timeout-s",
+            "--collective-timeout",
+            help="Seconds a rank's collective may wait before it fails (default 300).",
+        ),
     ] = None,
     output: Annotated[
         Path, typer.Option("--output", help="Where to write the pinned config JSON.")
@@ -172,21 +159,24 @@ def search(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print only the pinned config JSON on stdout.")
     ] = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Search the recompute knobs under --max-mem, re-verify the best, write the pin.
 
-    Re-running the same command resumes the same study. Ctrl-C (or SIGTERM) keeps every
+    Each knob's values to try are an option named as the knob's plural
+    (``--knapsack-solvers dp,greedy``); ``--fix NAME=VALUE`` holds one. Re-running the same
+    command resumes the same study. Ctrl-C (or SIGTERM) keeps every
     finished trial; the interrupted one runs again next time. Exit code 3 when nothing
     measured fits under the limit, 4 when no trial could be measured at all.
     """
     from budgettune.pinning import check_pin_output, write_pin
     from budgettune.search.run import run_search
     from budgettune.search.space import parse_fixed
+    from budgettune.search.spec import DEFAULT_WORKLOAD
     from budgettune.search.study_file import build_search_spec, merge, read_study_file
 
     check_pin_output(output)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
-    alloc = _csv(alloc_confs)
     gpu_list: list[int] = _csv(gpus, int) or []
     if gpus is not None and not gpu_list:
         raise UsageError("--gpus takes GPU indices, e.g. 0,1,2,3")
@@ -203,37 +193,25 @@ def search(
         "device": device,
         "max_mem": max_mem,
         "mem_metric": mem_metric,
-        "trials": trials,
-        "study": study,
-        "storage": storage,
+        "num_trials": num_trials,
+        "study_name": study_name,
+        "storage_url": storage_url,
         "top_k": top_k,
-        "reverify": reverify,
+        "reverify_runs": reverify_runs,
         "margin": margin,
-        "timeout": timeout,
+        "trial_timeout_s": trial_timeout_s,
         "runs_dir": runs_dir,
         "compile_cache": False if no_cache else None,
-        "sampler_seed": seed,
+        "sampler_seed": sampler_seed,
         "nproc_per_node": nproc_per_node,
-        "collective_timeout": collective_timeout,
-        "space": {
-            "budget": _budget_range(budget_range),
-            "modes": _csv(modes),
-            "backend": backend,
-            "solvers": _csv(solvers),
-            "estimators": _csv(estimators),
-            "ac_every": _csv(ac_every, int),
-            "ac_policies": _csv(ac_policies),
-            "optimizer_impls": _csv(optimizer_impls),
-            "alloc_confs": None if alloc is None else ["" if a == "default" else a for a in alloc],
-            "remove_ops": _csv(remove_ops),
-            "add_ops": _csv(add_ops),
-        },
+        "collective_timeout_s": collective_timeout_s,
+        "space": space_values(knobs or {}),
         "fix": parse_fixed(fix) if fix else None,
         "trial": {"warmup_steps": warmup_steps, "timed_steps": timed_steps},
     }
     values = merge(file_values, flags)
     spec = build_search_spec(
-        values, default_device=default_device(values.get("workload", "builtin:tiny-gpt"))
+        values, default_device=default_device(values.get("workload") or DEFAULT_WORKLOAD)
     )
     quiet_background()
     started = time.monotonic()

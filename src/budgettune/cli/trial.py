@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,6 +18,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
+from budgettune.cli.knob_options import spec_values, trial_parameters, with_knob_options
 
 
 @app.command()
@@ -43,6 +44,7 @@ def workloads() -> None:
 
 @app.command()
 @handles_errors
+@with_knob_options(trial_parameters)
 def trial(
     workload: Annotated[
         str,
@@ -56,49 +58,9 @@ def trial(
         list[str],
         typer.Option("--option", "-o", help="Workload builder option KEY=VALUE (repeatable)."),
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
-    budget: Annotated[
-        float, typer.Option(help="activation_memory_budget, 0 (recompute all) .. 1.")
-    ] = 1.0,
-    remove_op: Annotated[
-        list[str],
-        typer.Option("--remove-op", help="aten op taken out of the recomputable list."),
-    ] = [],  # noqa: B006
-    add_op: Annotated[
-        list[str], typer.Option("--add-op", help="aten op put into the recomputable list.")
-    ] = [],  # noqa: B006
-    solver: Annotated[str, typer.Option(help="Knapsack solver: dp, greedy or ilp.")] = "dp",
-    estimator: Annotated[
-        str, typer.Option(help="Runtime estimator: flops or profile (CUDA only).")
-    ] = "flops",
-    mode: Annotated[
-        str,
-        typer.Option(
-            help="eager, default, max-autotune-no-cudagraphs, reduce-overhead or max-autotune."
-        ),
-    ] = "default",
-    backend: Annotated[
-        str,
-        typer.Option(help="inductor or aot_eager_decomp_partition (no codegen)."),
-    ] = "inductor",
-    ac_every: Annotated[
-        int, typer.Option(help="Checkpoint every k-th repeated block (0 = off).")
-    ] = 0,
-    ac_policy: Annotated[
-        str, typer.Option(help="Block AC policy: full, or op (torchtitan's selective op).")
-    ] = "full",
-    optimizer_impl: Annotated[
-        str, typer.Option(help="as_written, foreach or fused.")
-    ] = "as_written",
-    alloc_conf: Annotated[
-        str,
-        typer.Option(help="PYTORCH_CUDA_ALLOC_CONF for the trial, e.g. expandable_segments:True."),
-    ] = "",
     device: Annotated[
         str | None, typer.Option(help="cpu, cuda or cuda:N (default: the workload's own).")
     ] = None,
-    warmup_steps: Annotated[int, typer.Option(help="Untimed warm-up steps.")] = 2,
-    timed_steps: Annotated[int, typer.Option(help="Timed steps (median, p10, p90).")] = 5,
-    seed: Annotated[int, typer.Option(help="Seed for the model and the step.")] = 0,
     timeout: Annotated[
         float,
         typer.Option(
@@ -125,28 +87,18 @@ def trial(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the TrialResult JSON only.")
     ] = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
-    """Measure one recompute configuration in a fresh process: real peak memory and step time."""
+    """Measure one recompute configuration in a fresh process: real peak memory and step time.
+
+    Each knob is an option named as the knob (``--knapsack-solver greedy``); a knob not given
+    is at its default.
+    """
     from budgettune.trial.launcher import check_device_available, check_ops_exist, launch_trial
     from budgettune.trial.spec import TrialRun, TrialSpec
     from budgettune.workload import check_reference
 
-    spec = TrialSpec(
-        activation_memory_budget=budget,
-        recompute_ops_removed=tuple(remove_op),
-        recompute_ops_added=tuple(add_op),
-        knapsack_solver=solver,
-        runtime_estimator=estimator,
-        compile_mode=mode,
-        compile_backend=backend,
-        block_ac_every=ac_every,
-        block_ac_policy=ac_policy,
-        optimizer_impl=optimizer_impl,
-        cuda_alloc_conf=alloc_conf,
-        seed=seed,
-        warmup_steps=warmup_steps,
-        timed_steps=timed_steps,
-    )
+    spec = TrialSpec(**spec_values(knobs or {}))
     check_reference(workload)
     chosen_device = device or default_device(workload)
     run = TrialRun(

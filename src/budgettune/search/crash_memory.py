@@ -31,7 +31,7 @@ from typing import Any
 
 import optuna
 
-from budgettune.search.space import SearchSpace
+from budgettune.search.space import LISTED, SearchSpace
 from budgettune.storage.trials import (
     BASELINE_ATTR,
     EXCLUDED_ATTR,
@@ -40,30 +40,21 @@ from budgettune.storage.trials import (
     describe_exclusion,
 )
 from budgettune.trial.results import TrialOutcome
+from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 
 RAN = tuple(outcome.value for outcome in TrialOutcome if outcome.ran())
 """Outcomes that prove a configuration runs (a crash did not happen): ok, oom, numerics
 mismatch, non-finite loss. A trial failed by its run folder or disk, or interrupted, has no
 outcome at all and proves nothing either way."""
+_CHOICES = tuple(k for k in LISTED if k.sampled == "choice")
 KNOBS = (
     "block_ac",
     "block_ac_policy",
     "block_ac_every",
-    "compile_mode",
-    "knapsack_solver",
-    "runtime_estimator",
-    "optimizer_impl",
-    "cuda_alloc_conf",
+    *(k.name for k in _CHOICES if k.name not in ("block_ac_policy", "block_ac_every")),
 )
-"""Knobs a crash can be blamed on, coarse first (``block_ac`` is block AC on at all)."""
-_SPACE_FIELD = {
-    "block_ac_policy": "block_ac_policies",
-    "compile_mode": "compile_modes",
-    "knapsack_solver": "knapsack_solvers",
-    "runtime_estimator": "runtime_estimators",
-    "optimizer_impl": "optimizer_impls",
-    "cuda_alloc_conf": "cuda_alloc_confs",
-}
+"""Knobs a crash can be blamed on, coarse first (``block_ac`` is block AC on at all), then
+every other knob the space lists values of, in `TrialSpec`'s order."""
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
 
 
@@ -74,22 +65,18 @@ def error_shape(error: str) -> str:
 
 
 def knob_values(spec: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The (knob, value) pairs a crash of ``spec`` (a TrialSpec JSON dict) may be blamed on."""
-    every = int(spec.get("block_ac_every", 0))
-    compiled = spec.get("compile_mode", "default") != "eager"
+    """The (knob, value) pairs a crash of ``spec`` (a TrialSpec JSON dict) may be blamed on:
+    block AC as a whole, then each listed knob where it is relevant (`Knob.relevant`)."""
+    trial_spec = TrialSpec.from_json_dict(spec)
     values: list[tuple[str, Any]] = []
-    if every > 0:
-        values += [
-            ("block_ac", "on"),
-            ("block_ac_policy", spec.get("block_ac_policy", "full")),
-            ("block_ac_every", every),
-        ]
-    values.append(("compile_mode", spec.get("compile_mode", "default")))
-    if compiled and float(spec.get("activation_memory_budget", 1.0)) < 1.0:
-        values.append(("knapsack_solver", spec.get("knapsack_solver", "dp")))
-        values.append(("runtime_estimator", spec.get("runtime_estimator", "flops")))
-    values.append(("optimizer_impl", spec.get("optimizer_impl", "as_written")))
-    values.append(("cuda_alloc_conf", spec.get("cuda_alloc_conf", "")))
+    if trial_spec.block_ac_every > 0:
+        values.append(("block_ac", "on"))
+    for name in KNOBS[1:]:
+        k = KNOB_BY_NAME[name]
+        if name == "block_ac_every" and trial_spec.block_ac_every == 0:
+            continue
+        if k.relevant(trial_spec):
+            values.append((name, getattr(trial_spec, name)))
     return values
 
 
@@ -188,8 +175,8 @@ def narrow(space: SearchSpace, excluded: Sequence[Mapping[str, Any]]) -> SearchS
         if knob in ("block_ac", "block_ac_every"):
             field, current = "block_ac_every", changes.get("block_ac_every", space.block_ac_every)
             kept = tuple(k for k in current if (k == 0 if knob == "block_ac" else k != value))
-        elif knob in _SPACE_FIELD:
-            field = _SPACE_FIELD[knob]
+        elif isinstance(knob, str) and knob in KNOB_BY_NAME and KNOB_BY_NAME[knob] in _CHOICES:
+            field = KNOB_BY_NAME[knob].plural
             current = changes.get(field, getattr(space, field))
             kept = tuple(v for v in current if v != value)
         else:

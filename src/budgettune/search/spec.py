@@ -20,6 +20,8 @@ from budgettune.trial.spec import (
 )
 
 MEM_METRIC_CHOICES = ("device", "reserved", "allocated")
+DEFAULT_WORKLOAD = "builtin:tiny-gpt"
+"""The workload of a search that names none."""
 MIN_LIMIT_BYTES = 2**20
 """A limit below this (1 MiB) is a number written without its unit (``max_mem = 120``)."""
 MAX_LIMIT_BYTES = 2**63 - 1
@@ -199,6 +201,14 @@ class SearchSpec:
             nproc_per_node=self.nproc_per_node,
             collective_timeout_s=self.collective_timeout_s,
         )
+
+
+SEARCH_DEFAULTS: Mapping[str, Any] = {
+    f.name: f.default
+    for f in dataclasses.fields(SearchSpec)
+    if f.default is not dataclasses.MISSING
+}
+"""Each `SearchSpec` field's default, as declared above (the CLI and study files read them)."""
 
 
 def check_study_name(name: object, *, what: str = "--study") -> None:

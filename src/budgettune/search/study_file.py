@@ -3,11 +3,14 @@
     workload = "builtin:tiny-gpt"
     device = "cpu"
     max_mem = "120MB"
-    trials = 8
+    num_trials = 8
     [space]
-    modes = ["default"]
+    compile_modes = ["default"]
     [fix]
     knapsack_solver = "dp"
+
+Top-level keys are `SearchSpec`'s field names, ``[space]`` keys each knob's plural and
+``[fix]`` keys its name (`budgettune.trial.knobs`), ``[trial]`` the step settings.
 
 Flags override the file; the file overrides the defaults. Every key is validated once, by type
 and range, against `budgettune.search.study_schema`; an unknown key is an error.
@@ -24,9 +27,16 @@ from typing import Any
 
 from budgettune.errors import StudyFileError, UsageError
 from budgettune.search.space import SearchSpace
-from budgettune.search.spec import MAX_LIMIT_BYTES, MIN_LIMIT_BYTES, SearchSpec
-from budgettune.search.study_schema import check_study_values
-from budgettune.trial.spec import DEFAULT_COLLECTIVE_TIMEOUT_S, TrialSpec
+from budgettune.search.spec import (
+    DEFAULT_WORKLOAD,
+    MAX_LIMIT_BYTES,
+    MIN_LIMIT_BYTES,
+    SEARCH_DEFAULTS,
+    SearchSpec,
+)
+from budgettune.search.study import default_study_name
+from budgettune.search.study_schema import check_study_values, new_spelling
+from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.units import parse_bytes
 
 if sys.version_info >= (3, 11):
@@ -34,26 +44,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-SPACE_FIELDS = {
-    "budget": "budget_range",
-    "remove_ops": "removable_ops",
-    "add_ops": "addable_ops",
-    "solvers": "knapsack_solvers",
-    "estimators": "runtime_estimators",
-    "modes": "compile_modes",
-    "backend": "compile_backend",
-    "ac_every": "block_ac_every",
-    "ac_policies": "block_ac_policies",
-    "optimizer_impls": "optimizer_impls",
-    "alloc_confs": "cuda_alloc_confs",
-}
-"""The `SearchSpace` field each ``[space]`` key narrows."""
+BUDGET = KNOB_BY_NAME["activation_memory_budget"]
 MAX_STUDY_FILE_BYTES = 2**20
 """A study file is a few hundred bytes; one past this is not a study file (``/dev/zero``)."""
 
 
 def read_study_file(path: str | Path) -> dict[str, Any]:
     """Parse a study TOML file and validate every value against `study_schema`.
+
+    Returns:
+        The values, keys spelled as today (a key of before issue 31 renamed: `OLD_KEYS`).
 
     Raises:
         StudyFileError: missing, not a regular file, too large, unparsable, with an unknown key
@@ -65,8 +65,7 @@ def read_study_file(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise StudyFileError(f"{source}: not a valid TOML study file ({exc})") from None
-    check_study_values(str(source), data)
-    return data
+    return check_study_values(str(source), data)
 
 
 def _read_bounded(source: Path) -> str:
@@ -113,15 +112,35 @@ def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str,
     return merged
 
 
+_PASSED = (
+    "mem_metric",
+    "num_trials",
+    "study_name",
+    "storage_url",
+    "top_k",
+    "reverify_runs",
+    "margin",
+    "trial_timeout_s",
+    "runs_dir",
+    "compile_cache",
+    "sampler_seed",
+    "nproc_per_node",
+    "collective_timeout_s",
+)
+"""Study keys that are `SearchSpec` fields as they are (a key not given takes the field's
+default, declared once, in `SearchSpec`)."""
+
+
 def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> SearchSpec:
-    """Turn merged study values into a validated `SearchSpec`.
+    """Turn study values (a study file's, merged with flags, or a Python caller's) into a
+    validated `SearchSpec`. Keys are `SearchSpec`'s field names (``max_mem``: the size with
+    its unit), ``[space]`` keys the knobs' plurals; old keys (`OLD_KEYS`) are read too.
 
     Raises:
         UsageError: a missing limit, a bad size, an invalid space or value.
     """
-    from budgettune.search.study import default_study_name
-
-    workload = values.get("workload", "builtin:tiny-gpt")
+    values, _ = new_spelling(values)
+    workload = values.get("workload") or DEFAULT_WORKLOAD
     device = values.get("device") or default_device
     if values.get("max_mem") is None:
         raise UsageError(
@@ -130,49 +149,41 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
     max_mem = parse_bytes(
         values["max_mem"], what="--max-mem", min_bytes=MIN_LIMIT_BYTES, max_bytes=MAX_LIMIT_BYTES
     )
-    metric = values.get("mem_metric", "device")
-    options = dict(values.get("workload_options", {}))
+    options = dict(values.get("workload_options") or {})
+    passed = {key: values[key] for key in _PASSED if values.get(key) is not None}
 
     space_values: dict[str, Any] = {}
-    for key, value in values.get("space", {}).items():
-        field_name = SPACE_FIELDS[key]
-        if field_name == "budget_range":
+    for key, value in (values.get("space") or {}).items():
+        if key == BUDGET.plural:
             if not (isinstance(value, (list, tuple)) and len(value) == 2):
-                raise UsageError("space.budget must be [low, high], e.g. [0.0, 1.0]")
+                raise UsageError(f"space.{key} must be [low, high], e.g. [0.0, 1.0]")
             space_values["budget_low"], space_values["budget_high"] = value
-        elif field_name == "compile_backend":
-            space_values[field_name] = value
+        elif key == "compile_backend":
+            space_values[key] = value
         else:
-            space_values[field_name] = tuple(value)
-    space_values["fixed"] = dict(values.get("fix", {}))
+            space_values[key] = tuple(value)
+    space_values["fixed"] = dict(values.get("fix") or {})
     space = SearchSpace.for_device(device, **space_values)
 
     base = TrialSpec(
         compile_backend=space.fixed.get("compile_backend", space.compile_backend),
-        **values.get("trial", {}),
+        **(values.get("trial") or {}),
     )
-    nproc = values.get("nproc_per_node", 1)
-    study = values.get("study") or default_study_name(
-        workload, options, device, max_mem, metric, nproc_per_node=nproc
-    )
+    if "study_name" not in passed:
+        passed["study_name"] = default_study_name(
+            workload,
+            options,
+            device,
+            max_mem,
+            passed.get("mem_metric", SEARCH_DEFAULTS["mem_metric"]),
+            nproc_per_node=passed.get("nproc_per_node", SEARCH_DEFAULTS["nproc_per_node"]),
+        )
     return SearchSpec(
         workload=workload,
         workload_options=options,
         device=device,
         max_mem_bytes=max_mem,
-        mem_metric=metric,
-        num_trials=values.get("trials", 20),
-        study_name=study,
-        storage_url=values.get("storage"),
         space=space,
         base=base,
-        top_k=values.get("top_k", 3),
-        reverify_runs=values.get("reverify", 3),
-        margin=values.get("margin", 0.03),
-        trial_timeout_s=values.get("timeout", 900.0),
-        runs_dir=values.get("runs_dir", "budgettune-runs"),
-        compile_cache=values.get("compile_cache", True),
-        sampler_seed=values.get("sampler_seed"),
-        nproc_per_node=nproc,
-        collective_timeout_s=values.get("collective_timeout", DEFAULT_COLLECTIVE_TIMEOUT_S),
+        **passed,
     )

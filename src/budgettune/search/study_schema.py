@@ -1,6 +1,7 @@
 """The study file's schema: every key, with its type, its range or choices, and finiteness.
 
-One pydantic model per table (top level, ``[space]``, ``[fix]``, ``[trial]``), strict (no
+One pydantic model per table (top level, ``[space]``, ``[fix]``, ``[trial]``; the last three
+made from the knobs' definitions, `budgettune.trial.knobs`), strict (no
 ``"3"`` for 3, no ``true`` for 1, no ``"no"`` for false) and finite (no ``inf``, ``nan``).
 `check_study_values` validates a parsed file once and raises one line naming the key and what
 it allows, e.g. ``study.toml: trials must be an integer >= 0, got 'three'``; what a key allows is
@@ -14,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import JsonDict
 
 from budgettune.errors import SpecError, StudyFileError
 from budgettune.schema import OneOf, first_problem
+from budgettune.search.space import FIXABLE
 from budgettune.search.spec import (
     MAX_SEED,
     MAX_TIMEOUT_S,
@@ -27,16 +29,8 @@ from budgettune.search.spec import (
     STUDY_NAME_RULE,
 )
 from budgettune.trial.allocator import parse_settings
-from budgettune.trial.spec import (
-    BLOCK_AC_POLICIES,
-    COMPILE_BACKENDS,
-    COMPILE_MODES,
-    DEVICE_PATTERN,
-    KNAPSACK_SOLVERS,
-    OP_NAME_PATTERN,
-    OPTIMIZER_IMPLS,
-    RUNTIME_ESTIMATORS,
-)
+from budgettune.trial.knobs import Knob
+from budgettune.trial.spec import DEVICE_PATTERN, KNOB_BY_NAME, KNOBS, OP_NAME_PATTERN
 
 
 def _alloc_conf(value: str) -> str:
@@ -62,12 +56,6 @@ AllocConf = Annotated[str, AfterValidator(_alloc_conf)]
 Scalar = str | bool | int | float
 OptionName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Metric = Annotated[str, OneOf(MEM_METRIC_CHOICES)]
-Solver = Annotated[str, OneOf(KNAPSACK_SOLVERS)]
-Estimator = Annotated[str, OneOf(RUNTIME_ESTIMATORS)]
-Mode = Annotated[str, OneOf(COMPILE_MODES)]
-Backend = Annotated[str, OneOf(COMPILE_BACKENDS)]
-Policy = Annotated[str, OneOf(BLOCK_AC_POLICIES)]
-OptimizerImpl = Annotated[str, OneOf(OPTIMIZER_IMPLS)]
 NON_EMPTY = Field(min_length=1)
 
 
@@ -78,7 +66,8 @@ def _key(text: str, allowed: str | None = None) -> Any:
 
 
 class StudyTable(BaseModel):
-    """The top level of a study file."""
+    """The top level of a study file: `SearchSpec`'s field names (``max_mem`` is the size with
+    its unit that becomes ``max_mem_bytes``)."""
 
     model_config = _STRICT
 
@@ -94,24 +83,24 @@ class StudyTable(BaseModel):
         "memory limit, e.g. 20GB", 'a size like "20GB" or "18.5GiB"'
     )
     mem_metric: Metric | None = _key("device, reserved or allocated")
-    trials: Count | None = _key("trials per invocation")
-    study: Annotated[str, Field(pattern=STUDY_NAME_PATTERN.pattern)] | None = _key(
+    num_trials: Count | None = _key("trials per invocation")
+    study_name: Annotated[str, Field(pattern=STUDY_NAME_PATTERN.pattern)] | None = _key(
         "study name", f"a study name of {STUDY_NAME_RULE}"
     )
-    storage: Text | None = _key("SQLAlchemy URL or SQLite path")
+    storage_url: Text | None = _key("SQLAlchemy URL or SQLite path")
     top_k: Positive | None = _key("configurations re-verified")
-    reverify: Positive | None = _key("re-measurements per configuration")
+    reverify_runs: Positive | None = _key("re-measurements per configuration")
     margin: Annotated[float, Field(ge=0, lt=0.5)] | None = _key(
         "fits when peak x (1 + margin) is within max_mem (search, re-verification, pin)"
     )
-    timeout: Seconds | None = _key("seconds per trial")
+    trial_timeout_s: Seconds | None = _key("seconds per trial")
     runs_dir: Text | None = _key("folder for trial logs and caches")
     compile_cache: bool | None = _key("reuse compiled code per partition variant")
     sampler_seed: Seed | None = _key("seed of the sampler")
     nproc_per_node: Positive | None = _key(
         "ranks per trial (above 1: sharded with FSDP2 under torchrun)"
     )
-    collective_timeout: Seconds | None = _key(
+    collective_timeout_s: Seconds | None = _key(
         "seconds a rank's collective may wait before it fails"
     )
     space: dict[str, Any] | None = _key("table: the search space", "a table")
@@ -119,53 +108,82 @@ class StudyTable(BaseModel):
     trial: dict[str, Any] | None = _key("table: warmup_steps, timed_steps, seed", "a table")
 
 
-class SpaceTable(BaseModel):
-    """``[space]``: what the search may vary (each key narrows one `SearchSpace` field)."""
-
-    model_config = _STRICT
-
-    budget: Annotated[list[Budget], Field(min_length=2, max_length=2)] | None = _key(
-        "budget_range", "[low, high] with 0 <= low <= high <= 1, e.g. [0.0, 1.0]"
-    )
-    remove_ops: list[OpName] | None = _key("removable_ops", _OPS_TEXT)
-    add_ops: list[OpName] | None = _key("addable_ops", _OPS_TEXT)
-    solvers: Annotated[list[Solver], NON_EMPTY] | None = _key("knapsack_solvers")
-    estimators: Annotated[list[Estimator], NON_EMPTY] | None = _key("runtime_estimators")
-    modes: Annotated[list[Mode], NON_EMPTY] | None = _key("compile_modes")
-    backend: Backend | None = _key("compile_backend")
-    ac_every: Annotated[list[Count], NON_EMPTY] | None = _key("block_ac_every")
-    ac_policies: Annotated[list[Policy], NON_EMPTY] | None = _key("block_ac_policies")
-    optimizer_impls: Annotated[list[OptimizerImpl], NON_EMPTY] | None = _key("optimizer_impls")
-    alloc_confs: Annotated[list[AllocConf], NON_EMPTY] | None = _key(
-        "cuda_alloc_confs", f"a non-empty list of {_ALLOC_CONF_TEXT}"
-    )
+def _value_type(k: Knob) -> Any:
+    """The schema of one value of a knob, from its definition."""
+    if k.name == "cuda_alloc_conf":
+        return AllocConf
+    if k.choices and k.value_type is str:
+        return Annotated[str, OneOf(k.choices)]
+    if k.value_type is bool:
+        return bool
+    if k.value_type is float:
+        return Budget
+    if k.value_type is tuple:
+        return list[OpName]
+    return {"seed": Seed, "warmup_steps": Positive, "timed_steps": Positive}.get(k.name, Count)
 
 
-class FixTable(BaseModel):
-    """``[fix]``: dimensions held at one value (the `TrialSpec` field names)."""
-
-    model_config = _STRICT
-
-    activation_memory_budget: Budget | None = None
-    knapsack_solver: Solver | None = None
-    runtime_estimator: Estimator | None = None
-    compile_mode: Mode | None = None
-    compile_backend: Backend | None = None
-    block_ac_every: Count | None = None
-    block_ac_policy: Policy | None = None
-    optimizer_impl: OptimizerImpl | None = None
-    cuda_alloc_conf: AllocConf | None = _key("allocator setting", _ALLOC_CONF_TEXT)
+def _knob_key(k: Knob, kind: Any, *, allowed: str | None = None) -> tuple[Any, Any]:
+    return (kind | None, _key(k.help, allowed))
 
 
-class TrialTable(BaseModel):
-    """``[trial]``: the step counts and seed of every trial."""
+def _space_keys() -> dict[str, Any]:
+    keys: dict[str, Any] = {}
+    for k in KNOBS:
+        if not k.is_knob:
+            continue
+        if k.sampled == "range":
+            pair = Annotated[list[Budget], Field(min_length=2, max_length=2)]
+            keys[k.plural] = _knob_key(
+                k, pair, allowed="[low, high] with 0 <= low <= high <= 1, e.g. [0.0, 1.0]"
+            )
+        elif k.sampled == "subset":
+            keys[k.plural] = _knob_key(k, list[OpName], allowed=_OPS_TEXT)
+        elif k.sampled == "choice":
+            text = (
+                f"a non-empty list of {_ALLOC_CONF_TEXT}" if k.name == "cuda_alloc_conf" else None
+            )
+            item = _value_type(k)
+            keys[k.plural] = _knob_key(
+                k,
+                Annotated[list[item], NON_EMPTY],  # type: ignore[valid-type]
+                allowed=text,
+            )
+        elif k.study_wide:
+            keys[k.plural] = _knob_key(k, _value_type(k))
+    return keys
 
-    model_config = _STRICT
 
-    warmup_steps: Positive | None = _key("untimed steps before measuring")
-    timed_steps: Positive | None = _key("timed steps per trial")
-    seed: Seed | None = _key("seed of the step's randomness")
+def _fix_keys() -> dict[str, Any]:
+    return {
+        name: _knob_key(
+            KNOB_BY_NAME[name],
+            _value_type(KNOB_BY_NAME[name]),
+            allowed=_ALLOC_CONF_TEXT if name == "cuda_alloc_conf" else None,
+        )
+        for name in FIXABLE
+    }
 
+
+SpaceTable = create_model(  # type: ignore[call-overload]
+    "SpaceTable",
+    __config__=_STRICT,
+    __doc__="``[space]``: what the search may vary: each "
+    "knob's list of values under its plural (`Knob.plural`).",
+    **_space_keys(),
+)
+FixTable = create_model(  # type: ignore[call-overload]
+    "FixTable",
+    __config__=_STRICT,
+    __doc__="``[fix]``: knobs held at one value (their `TrialSpec` names).",
+    **_fix_keys(),
+)
+TrialTable = create_model(  # type: ignore[call-overload]
+    "TrialTable",
+    __config__=_STRICT,
+    __doc__="``[trial]``: the step counts and seed of every trial.",
+    **{k.name: _knob_key(k, _value_type(k)) for k in KNOBS if not k.is_knob},
+)
 
 TABLES: dict[str, type[BaseModel]] = {
     "": StudyTable,
@@ -174,28 +192,84 @@ TABLES: dict[str, type[BaseModel]] = {
     "trial": TrialTable,
 }
 """Each table of a study file (``""``: the top level) and its model."""
+OLD_KEYS: dict[str, dict[str, str]] = {
+    "": {
+        "trials": "num_trials",
+        "study": "study_name",
+        "storage": "storage_url",
+        "reverify": "reverify_runs",
+        "timeout": "trial_timeout_s",
+        "collective_timeout": "collective_timeout_s",
+    },
+    "space": {k.old_plural: k.plural for k in KNOBS if k.old_plural},
+    "fix": {},
+    "trial": {},
+}
+"""Keys of study files written before issue 31, still read (old name -> today's)."""
 
 
-def check_study_values(source: str, data: Mapping[str, Any]) -> None:
-    """Validate a parsed study file: known keys, each of its type and within its range.
+def new_spelling(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Study values with every old key (`OLD_KEYS`) renamed, table by table, and what each
+    renamed key was written as (``"space.compile_modes" -> "space.modes"``).
 
     Raises:
-        StudyFileError: one line naming the first bad key, what it allows, and its value.
+        StudyFileError: a key written both ways.
     """
-    for table, model in TABLES.items():
-        values = data if not table else data.get(table)
-        if values is None:
+    renamed: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for table, old in OLD_KEYS.items():
+        source = values if not table else values.get(table)
+        if not isinstance(source, Mapping):
             continue
         prefix = f"{table}." if table else ""
-        unknown = sorted(set(values) - set(model.model_fields))
+        target: dict[str, Any] = {}
+        for key, value in source.items():
+            new = old.get(key, key)
+            if new != key:
+                if new in source:
+                    raise StudyFileError(
+                        f"{prefix}{key} and {prefix}{new} are the same key; keep {prefix}{new}"
+                    )
+                written[prefix + new] = prefix + key
+            target[new] = value
+        if table:
+            renamed[table] = target
+        else:
+            renamed.update(target)  # tables are replaced by their renamed copies below
+    return renamed, written
+
+
+def check_study_values(source: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a parsed study file: known keys, each of its type and within its range.
+
+    Returns:
+        The values with today's key names (old ones, `OLD_KEYS`, renamed).
+
+    Raises:
+        StudyFileError: one line naming the first bad key (as written), what it allows, and
+            its value.
+    """
+    try:
+        values, written = new_spelling(data)
+    except StudyFileError as exc:
+        raise StudyFileError(f"{source}: {exc}") from None
+    for table, model in TABLES.items():
+        table_values = values if not table else values.get(table)
+        if table_values is None:
+            continue
+        prefix = f"{table}." if table else ""
+        if not isinstance(table_values, Mapping):
+            continue  # the top level's model says what the table must be
+        unknown = sorted(set(table_values) - set(model.model_fields))
         if unknown:
             raise StudyFileError(
                 f"{source}: unknown key '{prefix}{unknown[0]}'; known keys: "
                 + ", ".join(f"{prefix}{k}" for k in model.model_fields)
             )
-        problem = first_problem(model, values)
+        problem = first_problem(model, table_values)
         if problem is not None:
+            name = written.get(prefix + problem.key, prefix + problem.key)
             raise StudyFileError(
-                f"{source}: {prefix}{problem.key} must be {problem.allowed}, "
-                f"got {values[problem.key]!r}"
+                f"{source}: {name} must be {problem.allowed}, got {table_values[problem.key]!r}"
             )
+    return values

@@ -12,12 +12,10 @@ torch lazily or at call time so that importing this module stays cheap.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import importlib.util
+import importlib.util  # noqa: F401 - `check_spec_supported` looks scipy up through it
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +25,13 @@ from budgettune.trial.allocator import apply_allocator_settings
 from budgettune.trial.block_ac import apply_block_ac
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
 from budgettune.trial.optimizers import build_optimizer, rebuild_optimizer  # noqa: F401 - re-exported
+from budgettune.trial.partitioner import (  # noqa: F401 - re-exported
+    PARTITIONER_KNOBS,
+    check_spec_supported,
+    functorch_settings,
+    partitioner_settings,
+    resolve_ops,
+)
 from budgettune.trial.spec import TrialRun, TrialSpec
 
 if TYPE_CHECKING:
@@ -35,12 +40,8 @@ if TYPE_CHECKING:
 
     from budgettune.workload import Workload
 
-_CONFIG_KEYS = (
-    "activation_memory_budget",
-    "activation_memory_budget_solver",
-    "activation_memory_budget_runtime_estimator",
-)
-
+_CONFIG_KEYS = tuple(str(k.functorch_key) for k in PARTITIONER_KNOBS)
+"""The ``torch._functorch.config`` settings the partitioner knobs scope."""
 
 # --------------------------------------------------------------------------- process environment
 
@@ -73,145 +74,6 @@ def prepare_process_environment(run: TrialRun) -> None:
         triton_dir = os.path.join(run.cache_root, "triton")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     os.environ["TRITON_CACHE_DIR"] = triton_dir
-
-
-# --------------------------------------------------------------------------- partitioner knobs
-
-
-def resolve_ops(names: Sequence[str]) -> list[Any]:
-    """Resolve op names to torch op packets: ``aten.add`` → ``torch.ops.aten.add``.
-
-    Args:
-        names: ``namespace.op`` names (namespace ``aten`` or ``prims``), no overload suffix.
-
-    Returns:
-        The `OpOverloadPacket` of each name, in order (the partitioner's op lists hold packets).
-
-    Raises:
-        SpecError: when a name is malformed or no such op exists in this torch.
-    """
-    import torch
-
-    ops = []
-    for name in names:
-        namespace, _, op_name = name.partition(".")
-        if namespace not in ("aten", "prims") or not op_name or "." in op_name:
-            raise SpecError(
-                f"unknown op {name!r}; write an aten or prims op without overload, "
-                "e.g. aten.add or prims.convert_element_type"
-            )
-        try:
-            op = getattr(getattr(torch.ops, namespace), op_name)
-        except (AttributeError, RuntimeError):
-            op = None
-        if not isinstance(op, torch._ops.OpOverloadPacket):
-            raise SpecError(
-                f"unknown op {name!r} in torch {torch.__version__}; write an existing "
-                "aten/prims op without overload, e.g. aten.add or aten.mm"
-            )
-        ops.append(op)
-    return ops
-
-
-def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
-    """Fail early, before anything compiles, on a spec this process cannot run.
-
-    Args:
-        spec: the configuration.
-        device_type: ``cpu`` or ``cuda``.
-
-    Raises:
-        SpecError: profile estimator off CUDA, ilp solver without scipy, unknown ops, or a
-            partitioner that lacks a knob the spec sets.
-    """
-    import torch._functorch.config as functorch_config
-    import torch._functorch.partitioners as partitioners
-
-    if spec.is_compiled and spec.runtime_estimator == "profile" and device_type != "cuda":
-        raise SpecError(
-            f"runtime_estimator 'profile' benchmarks ops on a GPU and needs CUDA, not "
-            f"{device_type!r}; use runtime_estimator 'flops'"
-        )
-    if spec.is_compiled and spec.knapsack_solver == "ilp":
-        if importlib.util.find_spec("scipy") is None:
-            raise SpecError("knapsack_solver 'ilp' needs scipy: run `pip install scipy`")
-    for key in _CONFIG_KEYS:
-        if not hasattr(functorch_config, key):
-            raise SpecError(f"this torch's functorch config has no {key}; upgrade torch (>= 2.6)")
-    if spec.recompute_ops_removed or spec.recompute_ops_added:
-        if not callable(getattr(partitioners, "get_default_op_list", None)):
-            raise SpecError(
-                "this torch's partitioner has no get_default_op_list, so the recomputable "
-                "op list cannot be changed; upgrade torch or leave the op lists empty"
-            )
-    resolve_ops(spec.recompute_ops_removed)
-    resolve_ops(spec.recompute_ops_added)
-
-
-def _op_list_override(
-    original: Callable[[], Any], removed: Sequence[Any], added: Sequence[Any]
-) -> Callable[[], Any]:
-    """A `get_default_op_list` that edits the recomputable list of the original's result.
-
-    The partitioner derives ``fusible_ops = recomputable_ops | random_ops`` and uses fusibility
-    to decide whether saving a node materialises it; we keep that invariant, so an added op
-    (e.g. aten.mm) is not banned as "materialized in backward" before the allowlist is even
-    consulted. The original returns a fresh `OpTypes` per call; we still build a new one.
-    """
-
-    @functools.wraps(original)
-    def get_default_op_list() -> Any:
-        op_types = original()
-        for attr in ("recomputable_ops", "fusible_ops", "random_ops"):
-            if not hasattr(op_types, attr):
-                raise RuntimeError(
-                    f"torch's partitioner OpTypes has no {attr}; this torch is not supported "
-                    "for recompute op-list overrides"
-                )
-        ordered_set = type(op_types.recomputable_ops)
-        recomputable = ordered_set(
-            [op for op in op_types.recomputable_ops if op not in removed]
-            + [op for op in added if op not in op_types.recomputable_ops]
-        )
-        fusible = ordered_set(
-            [op for op in op_types.fusible_ops if op not in removed or op in op_types.random_ops]
-            + [op for op in added if op not in op_types.fusible_ops]
-        )
-        return dataclasses.replace(op_types, recomputable_ops=recomputable, fusible_ops=fusible)
-
-    return get_default_op_list
-
-
-@contextlib.contextmanager
-def partitioner_settings(spec: TrialSpec) -> Iterator[None]:
-    """Scope the spec's partitioner knobs: budget, solver, estimator and the recomputable ops.
-
-    Everything is restored on exit, including after an exception. Nested use is allowed (the
-    inner spec wins inside).
-
-    Raises:
-        SpecError: on an unknown op name.
-    """
-    import torch._functorch.config as functorch_config
-    import torch._functorch.partitioners as partitioners
-
-    removed = resolve_ops(spec.recompute_ops_removed)
-    added = resolve_ops(spec.recompute_ops_added)
-    patch = functorch_config.patch(
-        activation_memory_budget=spec.activation_memory_budget,
-        activation_memory_budget_solver=spec.knapsack_solver,
-        activation_memory_budget_runtime_estimator=spec.runtime_estimator,
-    )
-    with patch:
-        if not removed and not added:
-            yield
-            return
-        original = partitioners.get_default_op_list
-        partitioners.get_default_op_list = _op_list_override(original, removed, added)
-        try:
-            yield
-        finally:
-            partitioners.get_default_op_list = original
 
 
 # --------------------------------------------------------------------------- compile

@@ -11,23 +11,33 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError
 from budgettune.trial.allocator import parse_settings
-
-KNAPSACK_SOLVERS = ("dp", "greedy", "ilp")
-RUNTIME_ESTIMATORS = ("flops", "profile")
-COMPILE_MODES = (
-    "eager",
-    "default",
-    "max-autotune-no-cudagraphs",
-    "reduce-overhead",
-    "max-autotune",
+from budgettune.trial.knobs import Knob, by_name, knob, knobs_of, setting
+from budgettune.trial.op_lists import (
+    DEFAULT_ADDABLE_OPS_CPU,
+    DEFAULT_ADDABLE_OPS_CUDA,
+    DEFAULT_REMOVABLE_OPS,
+    OP_NAME_PATTERN,  # noqa: F401 - re-exported
+    check_op_names,
 )
-COMPILE_BACKENDS = ("inductor", "aot_eager_decomp_partition")
-BLOCK_AC_POLICIES = ("full", "op")
-OPTIMIZER_IMPLS = ("as_written", "foreach", "fused")
+
+KnapsackSolver = Literal["dp", "greedy", "ilp"]
+RuntimeEstimator = Literal["flops", "profile"]
+CompileMode = Literal[
+    "eager", "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"
+]
+CompileBackend = Literal["inductor", "aot_eager_decomp_partition"]
+BlockAcPolicy = Literal["full", "op"]
+OptimizerImpl = Literal["as_written", "foreach", "fused"]
+KNAPSACK_SOLVERS: tuple[str, ...] = get_args(KnapsackSolver)
+RUNTIME_ESTIMATORS: tuple[str, ...] = get_args(RuntimeEstimator)
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
+BLOCK_AC_POLICIES: tuple[str, ...] = get_args(BlockAcPolicy)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 EXPANDABLE = "expandable_segments:True"
 """The ``cuda_alloc_conf`` that ends the caching allocator's fragmentation (CUDA)."""
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+(,\d+)*)?)$")
@@ -36,47 +46,160 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 """Process-group timeout of a sharded trial: a collective waiting longer fails the rank (NCCL's
 watchdog aborts it), so a rank that hangs instead of dying cannot hang the trial. Five
 minutes is above any step budgettune measures, and far below the trial's own timeout."""
-OP_NAME_PATTERN = re.compile(r"^(aten|prims)\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise SpecError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+def _compiled(spec: TrialSpec) -> bool:
+    return spec.compile_mode != "eager"
+
+
+def _below_one(spec: TrialSpec) -> bool:
+    return spec.compile_mode != "eager" and spec.activation_memory_budget < 1.0
+
+
+def _ops(sign: str, ops: tuple[str, ...]) -> str | None:
+    return sign + ",".join(op.split(".", 1)[1] for op in ops) if ops else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialSpec:
-    """One configuration of every recompute knob budgettune searches."""
+    """One configuration of every recompute knob budgettune searches.
 
-    activation_memory_budget: float = 1.0
-    """`torch._functorch.config.activation_memory_budget`, 0 (recompute all) .. 1 (default)."""
-    recompute_ops_removed: tuple[str, ...] = ()
-    """aten/prims op names taken out of the partitioner's recomputable list (e.g. ``aten.add``)."""
-    recompute_ops_added: tuple[str, ...] = ()
-    """aten op names put into the recomputable list (e.g. ``aten.mm``)."""
-    knapsack_solver: str = "dp"
-    """`activation_memory_budget_solver`: dp, greedy or ilp (ilp needs scipy)."""
-    runtime_estimator: str = "flops"
-    """`activation_memory_budget_runtime_estimator`: flops or profile (profile needs CUDA)."""
-    compile_mode: str = "default"
-    """`torch.compile` mode, or ``eager`` for no compile at all."""
-    compile_backend: str = "inductor"
-    """``inductor`` or ``aot_eager_decomp_partition`` (same partitioner, no codegen)."""
-    block_ac_every: int = 0
-    """0 = off; k = non-reentrant `torch.utils.checkpoint` on every k-th repeated block."""
-    block_ac_policy: str = "full"
-    """``full`` recomputes the whole block; ``op`` is torchtitan's selective op policy (save
-    matmul and attention outputs, except every second mm)."""
-    optimizer_impl: str = "as_written"
-    """``as_written``, ``foreach`` or ``fused``: rebuild the optimizer with that flag."""
-    cuda_alloc_conf: str = ""
-    """``PYTORCH_CUDA_ALLOC_CONF`` for the trial process, e.g. ``expandable_segments:True``."""
-    seed: int = 0
-    """Seed for parameters-independent randomness in the step (dropout etc.)."""
-    warmup_steps: int = 2
-    """Untimed steps before measuring (compilation happens here)."""
-    timed_steps: int = 5
-    """Steps timed after the memory-measured step; median and p10/p90 are reported."""
+    Each field is a knob, declared once (`budgettune.trial.knobs`): a knob's relevance reads
+    only the knobs above it, and `describe` renders them in this order.
+    """
+
+    compile_mode: CompileMode = knob(
+        "default",
+        help="torch.compile mode, or eager for no compile at all",
+        applied_by="compile",
+        sampled="choice",
+        space_default=("default",),
+        old_flag="--mode",
+        old_plural="modes",
+        render=lambda s: s.compile_mode if s.compile_mode != "default" else None,
+    )
+    compile_backend: CompileBackend = knob(
+        "inductor",
+        help="inductor, or aot_eager_decomp_partition (same partitioner, no codegen)",
+        applied_by="compile",
+        plural="compile_backend",
+        relevant=_compiled,
+        study_wide=True,
+        old_flag="--backend",
+        old_plural="backend",
+        render=lambda s: (
+            f"backend {s.compile_backend}" if s.compile_backend != "inductor" else None
+        ),
+    )
+    activation_memory_budget: float = knob(
+        1.0,
+        help="torch._functorch.config.activation_memory_budget: 0 (recompute all) .. 1",
+        applied_by="partitioner",
+        functorch_key="activation_memory_budget",
+        sampled="range",
+        plural="activation_memory_budget_range",
+        space_default=(0.0, 1.0),
+        relevant=_compiled,
+        old_flag="--budget",
+        old_plural="budget",
+        render=lambda s: f"budget {s.activation_memory_budget:.2f}",
+    )
+    knapsack_solver: KnapsackSolver = knob(
+        "dp",
+        help="activation_memory_budget_solver (ilp needs scipy)",
+        applied_by="partitioner",
+        functorch_key="activation_memory_budget_solver",
+        sampled="choice",
+        space_default=("dp", "greedy"),
+        relevant=_below_one,
+        old_flag="--solver",
+        old_plural="solvers",
+        render=lambda s: f"solver {s.knapsack_solver}" if s.knapsack_solver != "dp" else None,
+    )
+    runtime_estimator: RuntimeEstimator = knob(
+        "flops",
+        help="activation_memory_budget_runtime_estimator (profile needs CUDA)",
+        applied_by="partitioner",
+        functorch_key="activation_memory_budget_runtime_estimator",
+        sampled="choice",
+        space_default=("flops",),
+        relevant=_below_one,
+        old_flag="--estimator",
+        old_plural="estimators",
+        render=lambda s: (
+            f"estimator {s.runtime_estimator}" if s.runtime_estimator != "flops" else None
+        ),
+    )
+    recompute_ops_removed: tuple[str, ...] = knob(
+        (),
+        help="aten/prims ops taken out of the partitioner's recomputable list (aten.add)",
+        applied_by="op_list",
+        sampled="subset",
+        plural="removable_ops",
+        space_default=DEFAULT_REMOVABLE_OPS,
+        old_flag="--remove-op",
+        old_plural="remove_ops",
+        render=lambda s: _ops("-", s.recompute_ops_removed),
+    )
+    recompute_ops_added: tuple[str, ...] = knob(
+        (),
+        help="aten ops put into the partitioner's recomputable list (aten.mm)",
+        applied_by="op_list",
+        sampled="subset",
+        plural="addable_ops",
+        space_default=DEFAULT_ADDABLE_OPS_CPU,
+        space_default_cuda=DEFAULT_ADDABLE_OPS_CUDA,
+        old_flag="--add-op",
+        old_plural="add_ops",
+        render=lambda s: _ops("+", s.recompute_ops_added),
+    )
+    block_ac_every: int = knob(
+        0,
+        help="0 = off; k = non-reentrant torch.utils.checkpoint on every k-th repeated block",
+        applied_by="block_ac",
+        sampled="choice",
+        plural="block_ac_every",
+        space_default=(0, 1, 2, 4),
+        old_flag="--ac-every",
+        old_plural="ac_every",
+        render=lambda s: (
+            f"AC every {s.block_ac_every} ({s.block_ac_policy})" if s.block_ac_every else None
+        ),
+    )
+    block_ac_policy: BlockAcPolicy = knob(
+        "full",
+        help="full recomputes the whole block; op is torchtitan's selective op policy",
+        applied_by="block_ac",
+        sampled="choice",
+        plural="block_ac_policies",
+        space_default=("full", "op"),
+        relevant=lambda s: s.block_ac_every > 0,
+        old_flag="--ac-policy",
+        old_plural="ac_policies",
+        render=lambda s: None,  # in block_ac_every's "AC every 2 (op)"
+    )
+    optimizer_impl: OptimizerImpl = knob(
+        "as_written",
+        help="rebuild the optimizer with that flag: as_written, foreach or fused",
+        applied_by="optimizer",
+        sampled="choice",
+        space_default=("as_written", "fused"),
+        render=lambda s: f"optimizer {s.optimizer_impl}",
+    )
+    cuda_alloc_conf: str = knob(
+        "",
+        help="PYTORCH_CUDA_ALLOC_CONF of the process, e.g. expandable_segments:True",
+        applied_by="allocator",
+        sampled="choice",
+        space_default=("",),
+        space_default_cuda=("", EXPANDABLE),
+        old_flag="--alloc-conf",
+        old_plural="alloc_confs",
+        render=lambda s: s.cuda_alloc_conf or None,
+    )
+    seed: int = setting(0, help="seed of the step's randomness (dropout etc.)")
+    warmup_steps: int = setting(2, help="untimed steps before measuring (compilation is here)")
+    timed_steps: int = setting(5, help="steps timed after the memory-measured one")
 
     def __post_init__(self) -> None:
         budget = self.activation_memory_budget
@@ -86,34 +209,19 @@ class TrialSpec:
             raise SpecError(f"activation_memory_budget must be within [0, 1], got {budget}")
         object.__setattr__(self, "activation_memory_budget", float(budget))
         for name in ("recompute_ops_removed", "recompute_ops_added"):
-            ops = tuple(getattr(self, name))
-            for op in ops:
-                if not isinstance(op, str) or not OP_NAME_PATTERN.match(op):
-                    raise SpecError(
-                        f"{name}: {op!r} is not an op name; write it like aten.add or aten.mm"
-                    )
-            object.__setattr__(self, name, tuple(sorted(set(ops))))
+            object.__setattr__(self, name, check_op_names(name, getattr(self, name)))
         overlap = set(self.recompute_ops_removed) & set(self.recompute_ops_added)
         if overlap:
             raise SpecError(f"ops both removed and added: {', '.join(sorted(overlap))}")
-        _check_choice("knapsack_solver", self.knapsack_solver, KNAPSACK_SOLVERS)
-        _check_choice("runtime_estimator", self.runtime_estimator, RUNTIME_ESTIMATORS)
-        _check_choice("compile_mode", self.compile_mode, COMPILE_MODES)
-        _check_choice("compile_backend", self.compile_backend, COMPILE_BACKENDS)
-        _check_choice("block_ac_policy", self.block_ac_policy, BLOCK_AC_POLICIES)
-        _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        for k in KNOBS:
+            if k.value_type is not float and k.value_type is not tuple:
+                k.check(getattr(self, k.name))
         if self.compile_backend != "inductor" and self.compile_mode not in ("default", "eager"):
             raise SpecError(f"compile_mode {self.compile_mode!r} needs compile_backend 'inductor'")
-        for name in ("block_ac_every", "seed", "warmup_steps", "timed_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SpecError(f"{name} must be a non-negative integer, got {value!r}")
         if self.warmup_steps < 1:
             raise SpecError("warmup_steps must be at least 1 (compilation happens there)")
         if self.timed_steps < 1:
             raise SpecError("timed_steps must be at least 1")
-        if not isinstance(self.cuda_alloc_conf, str):
-            raise SpecError(f"cuda_alloc_conf must be a string, got {self.cuda_alloc_conf!r}")
         parse_settings(self.cuda_alloc_conf)  # torch aborts the process on a malformed one
 
     @property
@@ -126,38 +234,35 @@ class TrialSpec:
 
         AOTAutograd's cache key ignores the knapsack solver and runtime estimator and cannot see
         a patched op list (measured on torch 2.13), so each such variant gets its own cache
-        directory. The budget is keyed by torch itself, so it is not part of the variant.
+        directory. The budget is keyed by torch itself, so it is not part of the variant; a
+        partitioner knob added since is part of it where it is not at its default.
         """
         removed = "+".join(op.split(".", 1)[1] for op in self.recompute_ops_removed) or "none"
         added = "+".join(op.split(".", 1)[1] for op in self.recompute_ops_added) or "none"
+        extra = "".join(
+            f"-{k.name}_{getattr(self, k.name)}"
+            for k in KNOBS
+            if k.functorch_key is not None
+            and k.name not in _VARIANT_KEYED
+            and getattr(self, k.name) != k.default
+        )
         return (
             f"{self.knapsack_solver}-{self.runtime_estimator}-{self.compile_backend}"
-            f"-rm_{removed}-add_{added}"
+            f"-rm_{removed}-add_{added}{extra}"
         )
 
     def describe(self) -> str:
-        """A short human description: ``budget 0.62, AC every 2 (full), optimizer fused``."""
-        parts = []
-        if self.compile_mode == "eager":
-            parts.append("eager")
-        else:
-            parts.append(f"budget {self.activation_memory_budget:.2f}")
-            if self.activation_memory_budget < 1.0 and self.knapsack_solver != "dp":
-                parts.append(f"solver {self.knapsack_solver}")
-            if self.runtime_estimator != "flops":
-                parts.append(f"estimator {self.runtime_estimator}")
-            if self.compile_mode != "default":
-                parts.append(self.compile_mode)
-        if self.recompute_ops_removed:
-            parts.append("-" + ",".join(op.split(".", 1)[1] for op in self.recompute_ops_removed))
-        if self.recompute_ops_added:
-            parts.append("+" + ",".join(op.split(".", 1)[1] for op in self.recompute_ops_added))
-        if self.block_ac_every:
-            parts.append(f"AC every {self.block_ac_every} ({self.block_ac_policy})")
-        parts.append(f"optimizer {self.optimizer_impl}")
-        if self.cuda_alloc_conf:
-            parts.append(self.cuda_alloc_conf)
-        return ", ".join(parts)
+        """A short human description: ``budget 0.62, AC every 2 (full), optimizer fused``,
+        each relevant knob's `Knob.render` in declaration order (study-wide ones left out)."""
+        parts = [
+            k.render(self) for k in KNOBS if k.is_knob and not k.study_wide and k.relevant(self)
+        ]
+        return ", ".join(p for p in parts if p)
+
+    def describe_study(self) -> str:
+        """The study-wide knobs not at their default (``backend aot_eager_decomp_partition``)."""
+        parts = [k.render(self) for k in KNOBS if k.study_wide and k.relevant(self)]
+        return ", ".join(p for p in parts if p)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON form (lists for tuples)."""
@@ -168,7 +273,8 @@ class TrialSpec:
 
     @classmethod
     def from_json_dict(cls, data: Mapping[str, Any]) -> TrialSpec:
-        """Build from the JSON form; unknown keys are an error, missing keys take defaults.
+        """Build from the JSON form; unknown keys are an error, missing keys take defaults
+        (a spec stored before a knob existed runs with the knob at its default, as it did).
 
         Raises:
             SpecError: on an unknown key or an invalid value.
@@ -186,6 +292,12 @@ class TrialSpec:
     def replace(self, **changes: Any) -> TrialSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+KNOBS: tuple[Knob, ...] = knobs_of(TrialSpec)
+"""Every field of `TrialSpec` as a `Knob` (the step settings too: see `Knob.is_knob`)."""
+KNOB_BY_NAME: Mapping[str, Knob] = by_name(KNOBS)
+_VARIANT_KEYED = ("activation_memory_budget", "knapsack_solver", "runtime_estimator")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,173 @@
+"""The partitioner's knobs applied to torch: the functorch settings and the recomputable ops.
+
+The trial child and a user's job (through `recompute`) both run every compiled call inside
+`partitioner_settings(spec)`; nothing is set globally. Each knob with a ``functorch_key`` is
+patched here by name (`PARTITIONER_KNOBS`), so a new partitioner knob needs no code here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from budgettune.errors import SpecError
+from budgettune.trial.spec import KNOBS, TrialSpec
+
+PARTITIONER_KNOBS = tuple(k for k in KNOBS if k.functorch_key is not None)
+"""The knobs that are ``torch._functorch.config`` settings, scoped by `partitioner_settings`."""
+_ALWAYS_SET = ("activation_memory_budget", "knapsack_solver", "runtime_estimator")
+"""Partitioner knobs of every supported torch (>= 2.6): set even at their default."""
+
+
+def resolve_ops(names: Sequence[str]) -> list[Any]:
+    """Resolve op names to torch op packets: ``aten.add`` → ``torch.ops.aten.add``.
+
+    Args:
+        names: ``namespace.op`` names (namespace ``aten`` or ``prims``), no overload suffix.
+
+    Returns:
+        The `OpOverloadPacket` of each name, in order (the partitioner's op lists hold packets).
+
+    Raises:
+        SpecError: when a name is malformed or no such op exists in this torch.
+    """
+    import torch
+
+    ops = []
+    for name in names:
+        namespace, _, op_name = name.partition(".")
+        if namespace not in ("aten", "prims") or not op_name or "." in op_name:
+            raise SpecError(
+                f"unknown op {name!r}; write an aten or prims op without overload, "
+                "e.g. aten.add or prims.convert_element_type"
+            )
+        try:
+            op = getattr(getattr(torch.ops, namespace), op_name)
+        except (AttributeError, RuntimeError):
+            op = None
+        if not isinstance(op, torch._ops.OpOverloadPacket):
+            raise SpecError(
+                f"unknown op {name!r} in torch {torch.__version__}; write an existing "
+                "aten/prims op without overload, e.g. aten.add or aten.mm"
+            )
+        ops.append(op)
+    return ops
+
+
+def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
+    """Fail early, before anything compiles, on a spec this process cannot run.
+
+    Args:
+        spec: the configuration.
+        device_type: ``cpu`` or ``cuda``.
+
+    Raises:
+        SpecError: profile estimator off CUDA, ilp solver without scipy, unknown ops, or a
+            partitioner that lacks a knob the spec sets.
+    """
+    import torch._functorch.config as functorch_config
+    import torch._functorch.partitioners as partitioners
+
+    if spec.is_compiled and spec.runtime_estimator == "profile" and device_type != "cuda":
+        raise SpecError(
+            f"runtime_estimator 'profile' benchmarks ops on a GPU and needs CUDA, not "
+            f"{device_type!r}; use runtime_estimator 'flops'"
+        )
+    if spec.is_compiled and spec.knapsack_solver == "ilp":
+        if importlib.util.find_spec("scipy") is None:
+            raise SpecError("knapsack_solver 'ilp' needs scipy: run `pip install scipy`")
+    for k in PARTITIONER_KNOBS:
+        if not hasattr(functorch_config, str(k.functorch_key)) and (
+            k.name in _ALWAYS_SET or getattr(spec, k.name) != k.default
+        ):
+            raise SpecError(
+                f"this torch's functorch config has no {k.functorch_key} (knob {k.name}); "
+                "upgrade torch"
+                + (" (>= 2.6)" if k.name in _ALWAYS_SET else f" or leave {k.name} at its default")
+            )
+    if spec.recompute_ops_removed or spec.recompute_ops_added:
+        if not callable(getattr(partitioners, "get_default_op_list", None)):
+            raise SpecError(
+                "this torch's partitioner has no get_default_op_list, so the recomputable "
+                "op list cannot be changed; upgrade torch or leave the op lists empty"
+            )
+    resolve_ops(spec.recompute_ops_removed)
+    resolve_ops(spec.recompute_ops_added)
+
+
+def _op_list_override(
+    original: Callable[[], Any], removed: Sequence[Any], added: Sequence[Any]
+) -> Callable[[], Any]:
+    """A `get_default_op_list` that edits the recomputable list of the original's result.
+
+    The partitioner derives ``fusible_ops = recomputable_ops | random_ops`` and uses fusibility
+    to decide whether saving a node materialises it; we keep that invariant, so an added op
+    (e.g. aten.mm) is not banned as "materialized in backward" before the allowlist is even
+    consulted. The original returns a fresh `OpTypes` per call; we still build a new one.
+    """
+
+    @functools.wraps(original)
+    def get_default_op_list() -> Any:
+        op_types = original()
+        for attr in ("recomputable_ops", "fusible_ops", "random_ops"):
+            if not hasattr(op_types, attr):
+                raise RuntimeError(
+                    f"torch's partitioner OpTypes has no {attr}; this torch is not supported "
+                    "for recompute op-list overrides"
+                )
+        ordered_set = type(op_types.recomputable_ops)
+        recomputable = ordered_set(
+            [op for op in op_types.recomputable_ops if op not in removed]
+            + [op for op in added if op not in op_types.recomputable_ops]
+        )
+        fusible = ordered_set(
+            [op for op in op_types.fusible_ops if op not in removed or op in op_types.random_ops]
+            + [op for op in added if op not in op_types.fusible_ops]
+        )
+        return dataclasses.replace(op_types, recomputable_ops=recomputable, fusible_ops=fusible)
+
+    return get_default_op_list
+
+
+def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]:
+    """The ``torch._functorch.config`` values of the spec's partitioner knobs: every one this
+    torch has (a knob at its default that this torch lacks is left out; `check_spec_supported`
+    refuses one set to another value)."""
+    return {
+        str(k.functorch_key): getattr(spec, k.name)
+        for k in PARTITIONER_KNOBS
+        if k.name in _ALWAYS_SET or hasattr(functorch_config, str(k.functorch_key))
+    }
+
+
+@contextlib.contextmanager
+def partitioner_settings(spec: TrialSpec) -> Iterator[None]:
+    """Scope the spec's partitioner knobs (every `PARTITIONER_KNOBS` setting) and the
+    recomputable ops.
+
+    Everything is restored on exit, including after an exception. Nested use is allowed (the
+    inner spec wins inside).
+
+    Raises:
+        SpecError: on an unknown op name.
+    """
+    import torch._functorch.config as functorch_config
+    import torch._functorch.partitioners as partitioners
+
+    removed = resolve_ops(spec.recompute_ops_removed)
+    added = resolve_ops(spec.recompute_ops_added)
+    patch = functorch_config.patch(functorch_settings(spec, functorch_config))
+    with patch:
+        if not removed and not added:
+            yield
+            return
+        original = partitioners.get_default_op_list
+        partitioners.get_default_op_list = _op_list_override(original, removed, added)
+        try:
+            yield
+        finally:
+            partitioners.get_default_op_list = original
