@@ -104,6 +104,8 @@ class StudyReport:
     """One line per free choice the opening held for the rest of the study."""
     world_size: int = 1
     """Ranks per trial (above 1: sharded trials; peaks are per rank)."""
+    study_settings: str = ""
+    """The study-wide knobs not at their default (`TrialSpec.describe_study`)."""
 
 
 def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
@@ -243,4 +245,5 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         excluded=tuple(describe_exclusion(e) for e in study.user_attrs.get(EXCLUDED_ATTR, [])),
         settled=describe_settlements(study.user_attrs.get(SETTLED_ATTR)),
         world_size=int(search.get("nproc_per_node", 1)),
+        study_settings=TrialSpec.from_json_dict(search.get("base") or {}).describe_study(),
     )

@@ -64,7 +64,10 @@ def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
     table.add_column()
     measured = pin["measured"]
     metric = pin["mem_metric"]
-    table.add_row("config", TrialSpec.from_json_dict(pin["spec"]).describe())
+    spec = TrialSpec.from_json_dict(pin["spec"])
+    table.add_row("config", spec.describe())
+    if spec.describe_study():  # the study-wide knobs (the compile backend)
+        table.add_row("for the study", spec.describe_study())
     if pin.get("model_changes"):
         table.add_row("model changed", ", ".join(pin["model_changes"]))
     table.add_row("limit", f"{format_bytes(pin['limit_bytes'])} ({metric})")
@@ -139,7 +142,8 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
 
     trials = Table(
         title=f"study {report.study_name}: {report.workload}, limit "
-        f"{format_bytes(report.limit_bytes)} ({metric})",
+        f"{format_bytes(report.limit_bytes)} ({metric})"
+        + (f", {report.study_settings}" if report.study_settings else ""),
         caption=f"peak: {metric} peak in {unit}; vs base: step time against the unconstrained "
         "baseline"
         + ("; vs AC: against full block AC (the baseline cannot run)" if with_ac else "")
