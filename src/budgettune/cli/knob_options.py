@@ -63,7 +63,10 @@ def search_parameters() -> list[inspect.Parameter]:
     for k in KNOBS:
         if not k.is_knob or not k.plural:
             continue
-        names = [k.plural_flag] + ([f"--{k.old_plural.replace('_', '-')}"] if k.old_plural else [])
+        names = [k.plural_flag]
+        if k.old_plural:  # a range's old flag was --NAME-range (--budget-range)
+            old = k.old_plural + ("_range" if k.sampled == "range" else "")
+            names.append("--" + old.replace("_", "-"))
         if k.sampled == "range":
             text = f"{k.help}: the range searched, LOW,HIGH (default 0,1)."
         elif k.study_wide:

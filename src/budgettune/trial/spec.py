@@ -11,7 +11,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from budgettune.errors import SpecError
 from budgettune.trial.allocator import parse_settings
@@ -24,20 +24,6 @@ from budgettune.trial.op_lists import (
     check_op_names,
 )
 
-KnapsackSolver = Literal["dp", "greedy", "ilp"]
-RuntimeEstimator = Literal["flops", "profile"]
-CompileMode = Literal[
-    "eager", "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"
-]
-CompileBackend = Literal["inductor", "aot_eager_decomp_partition"]
-BlockAcPolicy = Literal["full", "op"]
-OptimizerImpl = Literal["as_written", "foreach", "fused"]
-KNAPSACK_SOLVERS: tuple[str, ...] = get_args(KnapsackSolver)
-RUNTIME_ESTIMATORS: tuple[str, ...] = get_args(RuntimeEstimator)
-COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
-COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
-BLOCK_AC_POLICIES: tuple[str, ...] = get_args(BlockAcPolicy)
-OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 EXPANDABLE = "expandable_segments:True"
 """The ``cuda_alloc_conf`` that ends the caching allocator's fragmentation (CUDA)."""
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+(,\d+)*)?)$")
@@ -68,7 +54,9 @@ class TrialSpec:
     only the knobs above it, and `describe` renders them in this order.
     """
 
-    compile_mode: CompileMode = knob(
+    compile_mode: Literal[
+        "eager", "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"
+    ] = knob(
         "default",
         help="torch.compile mode, or eager for no compile at all",
         applied_by="compile",
@@ -78,7 +66,7 @@ class TrialSpec:
         old_plural="modes",
         render=lambda s: s.compile_mode if s.compile_mode != "default" else None,
     )
-    compile_backend: CompileBackend = knob(
+    compile_backend: Literal["inductor", "aot_eager_decomp_partition"] = knob(
         "inductor",
         help="inductor, or aot_eager_decomp_partition (same partitioner, no codegen)",
         applied_by="compile",
@@ -104,7 +92,7 @@ class TrialSpec:
         old_plural="budget",
         render=lambda s: f"budget {s.activation_memory_budget:.2f}",
     )
-    knapsack_solver: KnapsackSolver = knob(
+    knapsack_solver: Literal["dp", "greedy", "ilp"] = knob(
         "dp",
         help="activation_memory_budget_solver (ilp needs scipy)",
         applied_by="partitioner",
@@ -116,7 +104,7 @@ class TrialSpec:
         old_plural="solvers",
         render=lambda s: f"solver {s.knapsack_solver}" if s.knapsack_solver != "dp" else None,
     )
-    runtime_estimator: RuntimeEstimator = knob(
+    runtime_estimator: Literal["flops", "profile"] = knob(
         "flops",
         help="activation_memory_budget_runtime_estimator (profile needs CUDA)",
         applied_by="partitioner",
@@ -166,7 +154,7 @@ class TrialSpec:
             f"AC every {s.block_ac_every} ({s.block_ac_policy})" if s.block_ac_every else None
         ),
     )
-    block_ac_policy: BlockAcPolicy = knob(
+    block_ac_policy: Literal["full", "op"] = knob(
         "full",
         help="full recomputes the whole block; op is torchtitan's selective op policy",
         applied_by="block_ac",
@@ -178,7 +166,7 @@ class TrialSpec:
         old_plural="ac_policies",
         render=lambda s: None,  # in block_ac_every's "AC every 2 (op)"
     )
-    optimizer_impl: OptimizerImpl = knob(
+    optimizer_impl: Literal["as_written", "foreach", "fused"] = knob(
         "as_written",
         help="rebuild the optimizer with that flag: as_written, foreach or fused",
         applied_by="optimizer",
