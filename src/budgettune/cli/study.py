@@ -16,6 +16,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
+from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S
 
 
 @app.command()
@@ -142,7 +143,9 @@ def verify(
     pin_file: Annotated[Path, typer.Argument(help="A pinned config JSON.")],
     runs: Annotated[int, typer.Option(help="Fresh re-measurements.")] = 3,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds before a run is killed.")] = 900.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds before a run is killed.")
+    ] = DEFAULT_TRIAL_TIMEOUT_S,
     allow_other_workload: Annotated[
         bool,
         typer.Option(

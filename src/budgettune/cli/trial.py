@@ -19,6 +19,8 @@ from budgettune.cli.app import (
     stdout,
 )
 from budgettune.cli.knob_options import spec_values, trial_parameters, with_knob_options
+from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S
+from budgettune.trial.spec import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 @app.command()
@@ -67,7 +69,7 @@ def trial(
             help="Seconds before the trial is killed; a CPU trial waits at most as long for "
             "the host's CPU-trial lock (another CPU trial), then ends as timeout."
         ),
-    ] = 900.0,
+    ] = DEFAULT_TRIAL_TIMEOUT_S,
     nproc_per_node: Annotated[
         int,
         typer.Option(
@@ -77,7 +79,7 @@ def trial(
     ] = 1,
     collective_timeout: Annotated[
         float, typer.Option(help="Seconds a rank's collective may wait before it fails.")
-    ] = 300.0,
+    ] = DEFAULT_COLLECTIVE_TIMEOUT_S,
     run_dir: Annotated[
         Path | None, typer.Option(help="Folder for SPEC.json, RESULT.json and trial.log.")
     ] = None,

@@ -30,6 +30,7 @@ from typing import Any
 
 from budgettune.errors import PinnedConfigError
 from budgettune.pinning import PinnedConfig
+from budgettune.trial.partitioner import PARTITIONER_KNOBS
 
 TORCHTITAN_VERSION = "v0.2.2 (73a0e697)"
 """The torchtitan job config whose keys are written."""
@@ -93,6 +94,10 @@ def _activation_checkpoint(pinned: PinnedConfig) -> dict[str, Any]:
     return {"mode": "none"}
 
 
+_EXPRESSED = ("activation_memory_budget", "knapsack_solver", "runtime_estimator")
+"""Partitioner knobs said above: the budget is torchtitan's ``memory_budget``."""
+
+
 def _not_expressed(pinned: PinnedConfig) -> list[str]:
     spec = pinned.spec
     missed = []
@@ -112,6 +117,10 @@ def _not_expressed(pinned: PinnedConfig) -> list[str]:
             missed.append(f"the runtime estimator {spec.runtime_estimator}")
     if spec.is_compiled and spec.compile_mode != "default":
         missed.append(f"compile mode {spec.compile_mode}")
+    for k in PARTITIONER_KNOBS:  # any other partitioner setting, as set on the pin
+        value = getattr(spec, k.name)
+        if k.name not in _EXPRESSED and value != k.default and k.relevant(spec):
+            missed.append(f"the partitioner setting {k.functorch_key}={value}")
     if spec.optimizer_impl == "as_written":
         missed.append(
             "the optimizer as written (the workload's own flags; torchtitan's "

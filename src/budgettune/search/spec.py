@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.search.space import SearchSpace
@@ -19,8 +19,12 @@ from budgettune.trial.spec import (
     check_world,
 )
 
-MEM_METRIC_CHOICES = ("device", "reserved", "allocated")
+MemMetric = Literal["device", "reserved", "allocated"]
+MEM_METRIC_CHOICES: tuple[str, ...] = get_args(MemMetric)
 DEFAULT_WORKLOAD = "builtin:tiny-gpt"
+"""The workload of a search that names none."""
+DEFAULT_TRIAL_TIMEOUT_S = 900.0
+"""Wall-clock limit of one trial process (a search's, `budgettune trial`'s, `verify`'s)."""
 """The workload of a search that names none."""
 MIN_LIMIT_BYTES = 2**20
 """A limit below this (1 MiB) is a number written without its unit (``max_mem = 120``)."""
@@ -48,7 +52,7 @@ class SearchSpec:
     """``cpu``, ``cuda`` or ``cuda:N``."""
     max_mem_bytes: int
     """The memory limit, checked against ``mem_metric``."""
-    mem_metric: str = "device"
+    mem_metric: MemMetric = "device"
     """``device`` (what nvidia-smi shows), ``reserved`` or ``allocated``."""
     num_trials: int = 20
     """Trials this invocation adds to the study (baselines included on a new study)."""
@@ -66,7 +70,7 @@ class SearchSpec:
     """Fresh processes per re-measured configuration."""
     margin: float = 0.03
     """The pin's worst re-measured peak times (1 + margin) must stay under the limit."""
-    trial_timeout_s: float = 900.0
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     """Wall-clock limit of one trial process."""
     runs_dir: str = "budgettune-runs"
     """Where trial specs, results, logs and compile caches go."""
