@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 reference = importlib.import_module("benchmarks.reference")
+config_sets = importlib.import_module("benchmarks.config_sets")
 
 
 def test_gpus_flag_names_one_device_per_gpu() -> None:
@@ -56,6 +57,7 @@ def _typed(value: object) -> object:
 def test_every_set_gives_the_configurations_it_gave_before() -> None:
     before = ast.literal_eval(SETS_BEFORE.read_text())
     assert len(before) == 10
+    assert sorted(config_sets.SETS) == sorted(before)  # no set lost, none added unchecked
     for name, expected in before.items():
         got = reference.configs(name, warmup=3, timed=7)
         assert [c["label"] for c in got] == [c["label"] for c in expected], name
@@ -65,3 +67,19 @@ def test_every_set_gives_the_configurations_it_gave_before() -> None:
 def test_an_unknown_set_is_refused() -> None:
     with pytest.raises(SystemExit, match="unknown set 'nope'"):
         reference.configs("nope", warmup=2, timed=10)
+
+
+def test_a_setting_given_twice_is_an_error_of_the_table() -> None:
+    fused = config_sets.Choice("fused-", {"optimizer_impl": "fused"})
+    every = (config_sets.every(1),)
+    row = config_sets.Row("ac-every-{}", "x", {"optimizer_impl": "foreach"}, every)
+    block = config_sets.Block("builtin:llama", (row,), each=(fused,))
+    with pytest.raises(ValueError, match="fused-ac-every-1: optimizer_impl is set twice"):
+        config_sets.expand([block], warmup=2, timed=10)
+
+
+def test_help_lists_every_set(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        reference.main(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"  {name} " in text for name in config_sets.SETS)
