@@ -51,6 +51,7 @@ def study_trials(url: str, names: list[str] | None = None) -> dict[str, list[Any
         StorageError: no storage there (a missing SQLite file is not created), unreachable, or
             a study of ``names`` that it does not hold (the message lists those it does).
     """
+    # here, not at the top: report.py renders tables from files and needs no database stack
     from budgettune import storage
     from budgettune.errors import StorageError
     from budgettune.storage.coordination import database_errors

@@ -38,6 +38,7 @@ import optuna
 from benchmarks.common import read_records, script_main, study_trials, target_cell
 from benchmarks.limits import DEFAULT_BATCH, Limit, first_measured, grid_best, limits, pin_file
 from benchmarks.limits import study_name as study_name  # tuner_gpu.sh reads it from here
+from budgettune.storage import open_storage
 from budgettune.storage.trials import is_feasible
 from budgettune.trial.spec import TrialSpec
 
@@ -212,9 +213,7 @@ def wall_record(
 
 def _fresh_runs(url: str, study: str) -> int:
     """How many fresh re-measurements (``reverify``) the study holds."""
-    from budgettune import storage
-
-    with storage.open_storage(url, create=False) as store:
+    with open_storage(url, create=False) as store:
         return len(store.measurements(study, kind="reverify"))
 
 
