@@ -44,6 +44,7 @@ def search(
     output: str | Path = "budgettune-pin.json",
     gpus: Sequence[int] = (),
     progress: bool = True,
+    workload_dir: str | Path = "budgettune-workload",
     **settings: Any,
 ) -> PinnedConfig:
     """Search the recompute knobs under ``max_mem``, re-verify the best, write and return the pin.
@@ -55,12 +56,15 @@ def search(
         build: the workload builder, a function defined at the top level of an importable
             module or a ``.py`` file (passed to the trials as ``module:fn`` or
             ``path/file.py:fn``), or a reference string (``builtin:tiny-gpt``,
-            ``hf:meta-llama/Llama-3.2-1B``, ``pkg.module:fn``).
+            ``hf:meta-llama/Llama-3.2-1B``, ``pkg.module:fn``), or a transformers
+            ``Trainer``: its model (by config) and first batch are written to
+            ``workload_dir`` as a builder (`budgettune.integrations.write_workload`).
         max_mem: the memory limit, ``"20GB"``, ``"18.5GiB"`` or bytes.
         options: the builder's keyword options (``--option`` on the CLI).
         study_file: a TOML study file; keywords override it, as flags do.
         output: where the pinned config JSON is written.
         gpus: run one worker process per GPU index of this host (``--gpus``).
+        workload_dir: where a ``Trainer``'s workload is written.
         progress: show the progress bar and one line per trial on stderr (rich; in a notebook
             it renders in the cell's output).
         **settings: any study-file key (``trials``, ``storage``, ``study``, ``device``,
@@ -85,6 +89,10 @@ def search(
     if taken:
         raise UsageError(f"budgettune.search: pass {taken[0]!r} as its own argument")
     check_study_values("budgettune.search()", settings)
+    if _is_trainer(build):
+        from budgettune.integrations.trainer_workload import write_workload
+
+        build = write_workload(build, workload_dir)
     reference, import_root = builder_reference(build)
     output = Path(output)
     check_pin_output(output)  # before the search, not after it
@@ -162,6 +170,11 @@ def builder_reference(build: Builder | str) -> tuple[str, str | None]:
     if Path(source).name == "__init__.py":
         root = root.parent
     return f"{module_name}:{name}", str(root)
+
+
+def _is_trainer(build: object) -> bool:
+    """A transformers ``Trainer`` (by what `write_workload` uses, without importing it)."""
+    return hasattr(build, "get_train_dataloader") and hasattr(build, "model")
 
 
 def _module_file(module: Any) -> str | None:
