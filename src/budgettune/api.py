@@ -148,7 +148,8 @@ def builder_reference(build: Builder | str) -> tuple[str, str | None]:
         )
     module = sys.modules.get(module_name)
     source = _module_file(module)
-    if source is None:
+    if source is None or (module_name == "__main__" and getattr(module, name, None) is not build):
+        # a notebook's cells run in a __main__ with no file (or not the kernel's own file)
         raise UsageError(
             f"budgettune.search: builder {name!r} is defined in a notebook cell or an "
             "interactive session; trials run in their own processes and import it: put it in "
