@@ -9,6 +9,7 @@ import typer
 
 from budgettune.cli.app import (
     app,
+    check_seconds,
     default_device,
     default_run_dir,
     handles_errors,
@@ -101,6 +102,8 @@ def trial(
     from budgettune.workload import check_reference
 
     spec = TrialSpec(**spec_values(knobs or {}))
+    check_seconds("--timeout", timeout)
+    check_seconds("--collective-timeout", collective_timeout)
     check_reference(workload)
     chosen_device = device or default_device(workload)
     run = TrialRun(
