@@ -250,3 +250,18 @@ def test_old_study_keys_and_flags_still_read_as_today_s(tmp_path: Path) -> None:
     help_text = CliRunner().invoke(app, ["trial", "--help"], env={"COLUMNS": "200"}).output
     for k in KNOB_LIST:
         assert k.flag in help_text and (k.old_flag is None or k.old_flag in help_text)
+
+
+def test_a_space_stored_before_a_knob_existed_tries_only_its_default() -> None:
+    from budgettune.search.space import LISTED
+
+    stored = SearchSpace.for_device("cpu").to_json_dict()
+    for k in LISTED:
+        old = {key: value for key, value in stored.items() if key != k.plural}
+        values = SearchSpace.from_json_dict(old).lists[k.plural]
+        if k.name in ("compile_mode", "knapsack_solver", "runtime_estimator", "block_ac_every",
+                      "block_ac_policy", "optimizer_impl", "cuda_alloc_conf",
+                      "recompute_ops_removed", "recompute_ops_added"):  # fmt: skip
+            assert values == k.space_default  # stored by every budgettune: today's default
+        else:  # a knob added since: an old study goes on as it was measured
+            assert values == (() if k.sampled == "subset" else (k.default,))
