@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 from budgettune.blocks import find_blocks
-from budgettune.errors import SpecError, WorkloadError
+from budgettune.errors import SpecError, WorkloadError, one_line
 from budgettune.hub import hub_config_folder, is_hub_id
 
 if TYPE_CHECKING:
@@ -249,11 +249,6 @@ def reference_origin(ref: str) -> str:
     return f"a transformers model from {parsed.location} (random weights)"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _import_file(path: Path) -> ModuleType:
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
@@ -295,7 +290,8 @@ def _resolve(ref: str, parsed: _Reference) -> Callable[..., Any]:
     except Exception as exc:
         _log.error("importing workload %s failed", ref, exc_info=exc)
         raise WorkloadError(
-            f"importing workload {ref} raised {_one_line(exc)} (full traceback in the trial log)"
+            f"importing workload {ref} raised {one_line(exc, with_type=True)} "
+            "(full traceback in the trial log)"
         ) from exc
     fn = getattr(module, parsed.function, None)
     if not callable(fn):
@@ -361,7 +357,8 @@ def load_workload(
     except Exception as exc:
         _log.error("workload %s raised", ref, exc_info=exc)
         raise WorkloadError(
-            f"workload {ref} raised {_one_line(exc)} (full traceback in the trial log)"
+            f"workload {ref} raised {one_line(exc, with_type=True)} "
+            "(full traceback in the trial log)"
         ) from exc
     if not isinstance(workload, Workload):
         raise WorkloadError(
