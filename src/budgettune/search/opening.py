@@ -69,8 +69,22 @@ def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     )
 
 
+def stored_trial(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, number: int
+) -> optuna.trial.FrozenTrial:
+    """Trial ``number`` of ``study`` as the storage holds it now (not the study's cache)."""
+    return storage.get_trial(_trial_id(study, storage, number))
+
+
+def _trial_id(study: optuna.Study, storage: optuna.storages.BaseStorage, number: int) -> int:
+    """The storage's id of trial ``number``, through the storage's public lookups (Optuna
+    keeps the id private on its trial objects)."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
 def requeue_unfinished(
-    study: optuna.Study, storage: optuna.storages.BaseStorage, trial_id: int
+    study: optuna.Study, storage: optuna.storages.BaseStorage, number: int
 ) -> bool:
     """`requeue` the trial this process was running when an interrupt or a file system fault
     stopped it before its result was in.
@@ -82,6 +96,7 @@ def requeue_unfinished(
     Returns:
         Whether a copy was queued.
     """
+    trial_id = _trial_id(study, storage, number)
     trial = storage.get_trial(trial_id)
     if trial.state == optuna.trial.TrialState.RUNNING:
         storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)

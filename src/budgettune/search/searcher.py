@@ -44,8 +44,11 @@ from budgettune.search.opening import (
     enqueue_baseline,
     open_study,
     requeue_unfinished,
+    stored_trial,
 )
 from budgettune.search.opening_plan import plan_opening, sampling_space
+from budgettune.search.pin import pin_study
+from budgettune.search.publish import refresh_views
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
@@ -88,6 +91,7 @@ class Searcher:
         store: storage_mod.Storage,
         observer: SearchObserver | None = None,
         *,
+        devices: Sequence[str] = (),
         add_trials: bool = True,
     ) -> None:
         """Open the study.
@@ -96,6 +100,9 @@ class Searcher:
             search: the whole search.
             store: the open storage.
             observer: receives progress.
+            devices: the device slots re-measurements spread over (``cuda:N``, or
+                ``cuda:N,M`` for a sharded trial's group, per worker of ``--gpus``); empty:
+                one at a time on ``search.device``.
             add_trials: create the study if missing and raise its target by
                 ``search.num_trials`` (``search``); False only joins it (``worker``).
         """
@@ -108,9 +115,9 @@ class Searcher:
         self.done = 0
         self.total = search.num_trials
         self.abort: BudgettuneError | None = None
-        self.running_trial_id: int | None = None
-        self.devices: tuple[str, ...] = ()
-        """Device slots re-measurements spread over (``cuda:N`` per ``--gpus`` entry)."""
+        self.running_trial: int | None = None
+        """The number of the trial this process is running, while it runs."""
+        self.devices = tuple(devices)
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
         try:
@@ -171,7 +178,7 @@ class Searcher:
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
         self.claim.release()
-        self.running_trial_id = trial._trial_id
+        self.running_trial = trial.number
         trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{self.search.device}")
         spec = self.spec_for(trial)
         try:
@@ -336,30 +343,28 @@ class Searcher:
         heartbeat missed, e.g. a host paused); Optuna then refuses to tell it (`ValueError`).
         The measurement is already stored; the trial is re-run, so the loop goes on.
         """
-        self.running_trial_id = None
+        self.running_trial = None
         try:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
         except (KeyboardInterrupt, TrialInfrastructureError):
-            if self.running_trial_id is not None:  # not its configuration's fault: run it again
-                requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial_id)
+            if self.running_trial is not None:  # not its configuration's fault: run it again
+                requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial)
             raise
         except ValueError:
-            trial_id = self.running_trial_id
-            if trial_id is None:
+            number = self.running_trial
+            if number is None:
                 raise
-            frozen = self.store.optuna_storage.get_trial(trial_id)
+            frozen = stored_trial(self.study, self.store.optuna_storage, number)
             if frozen.state != optuna.trial.TrialState.FAIL:
                 raise
             self.observer.notice(
-                f"trial {frozen.number} was failed by another process's stale-trial check "
+                f"trial {number} was failed by another process's stale-trial check "
                 "while it ran here (a missed heartbeat); its measurement is kept and the "
                 "trial is re-run"
             )
 
     def publish(self) -> None:
         """Refresh the study's dashboard views; a failure is logged, never fatal."""
-        from budgettune.search.publish import refresh_views
-
         refresh_views(self.store, self.search.study_name)
 
     def check_steady(self) -> None:
@@ -408,6 +413,4 @@ class Searcher:
 
     def pin(self) -> dict[str, Any]:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""
-        from budgettune.search.pin import pin_study
-
         return pin_study(self)
