@@ -15,7 +15,7 @@ def test_old_child_entry_point_still_runs_the_child() -> None:
         [sys.executable, "-m", "budgettune.trial_worker"], capture_output=True, text=True
     )
     assert done.returncode == 2
-    assert "usage: python -m budgettune.trial.worker SPEC.json RESULT.json" in done.stderr
+    assert "usage: python -m budgettune.trial.child SPEC.json RESULT.json" in done.stderr
 
 
 def test_python_dash_m_budgettune_is_the_cli() -> None:

@@ -150,7 +150,7 @@ def print_json(data: Any) -> None:
 
 def default_device(workload: str) -> str:
     """A built-in's own device, else CUDA when NVML sees a GPU, else CPU."""
-    from budgettune.trial.launcher import cuda_device_count
+    from budgettune.trial.devices import cuda_device_count
     from budgettune.workload import builtin_workload
 
     if workload.startswith("builtin:"):

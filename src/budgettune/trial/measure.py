@@ -2,7 +2,7 @@
 
 `measure` dispatches to `measure_cuda` or `measure_cpu`. No file I/O; the result is a
 `results.Measurement`. `torch.cuda.OutOfMemoryError` and `NonFiniteLossError` are not caught
-here: the trial worker catches them by type.
+here: the trial child catches them by type.
 
 CPU peak memory. The default CPU allocator reports every allocation and free to the profiler
 while ``profile_memory=True`` (c10's ``ProfiledCPUMemoryReporter``); a free is reported only for
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import NonFiniteLossError
-from budgettune.trial.nvml import process_used_bytes
+from budgettune.trial.devices import process_used_bytes
 from budgettune.trial.results import PHASES, Measurement
 
 if TYPE_CHECKING:
@@ -264,9 +264,7 @@ def running_peak_bytes(memory: list[tuple[int, int]]) -> int:
     return peak
 
 
-def _phase_peaks(
-    memory: list[tuple[int, int]], phase_start_ns: dict[str, int]
-) -> CpuStepMemory:
+def _phase_peaks(memory: list[tuple[int, int]], phase_start_ns: dict[str, int]) -> CpuStepMemory:
     boundaries = sorted((start, phase) for phase, start in phase_start_ns.items())
     phase_peaks = dict.fromkeys(PHASES, 0)
     running = peak = 0

@@ -1,6 +1,6 @@
 """Applies a `TrialSpec` to torch: functorch config, op list, block AC, optimizer, compile.
 
-Shared by the trial child (`trial/worker.py`, through `prepare`) and by `pinning.py` in a user's
+Shared by the trial child (`trial/child.py`, through `prepare`) and by `pinning.py` in a user's
 training job (through `apply_to_model`). The functorch settings are always *scoped*
 (`partitioner_settings`), never set globally: AOTAutograd partitions lazily, during the first
 call of a compiled function, so every call that may compile runs inside the scope.
