@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
+from budgettune.trial.environment import prepare_process_environment
 from budgettune.trial.results import (
     Measurement,
     TrialOutcome,
@@ -220,10 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             TrialResult(outcome=TrialOutcome.CRASHED, error=f"unreadable {spec_path}: {exc}"),
         )
         return 0
-    # Must happen before torch (and its inductor/CUDA config) is imported.
-    from budgettune.trial.recompute import prepare_process_environment
-
-    prepare_process_environment(run)
+    prepare_process_environment(run)  # before torch (and its inductor/CUDA config) is imported
     logger.info("measuring %s on %s: %s", run.workload, run.device, run.spec.to_json_dict())
     result = run_trial(run)
     logger.info("outcome %s %s", result.outcome.value, result.error)
