@@ -22,12 +22,8 @@ from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from budgettune.trial.measure import (
-    cpu_memory_events,
-    live_tensor_bytes,
-    non_pytorch_device_bytes,
-    running_peak_bytes,
-)
+from budgettune.trial.cpu_memory import cpu_memory_events, running_peak_bytes
+from budgettune.trial.measure import live_tensor_bytes, non_pytorch_device_bytes
 from budgettune.trial.results import MEM_METRICS
 
 if TYPE_CHECKING:
