@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     # RESULT.json is written: skip the interpreter's teardown (torch's compile-worker pool and
-    # CUDA shutting down took 3-10 s of every run's wall time on an H200 host, 2026-11-25);
+    # CUDA shutting down cost seconds per run: benchmarks/results/README.md#trial-child-exit);
     # the launcher ends what is left of the child's session.
     logging.shutdown()
     sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""The measurement recipe (DESIGN.md §4): warm-up, one memory-measured step, N timed steps.
+"""The measurement recipe: warm-up, one memory-measured step, N timed steps.
 
 `measure` dispatches to `measure_cuda` or `measure_cpu`. No file I/O; the result is a
 `results.Measurement`. `torch.cuda.OutOfMemoryError` and `NonFiniteLossError` are not caught
