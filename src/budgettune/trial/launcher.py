@@ -214,12 +214,15 @@ def _run_child(
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
 
-    common = {"log_path": str(log_path), "wall_s": wall_s}
+    def ended(result: TrialResult) -> TrialResult:
+        return result.replace(log_path=str(log_path), wall_s=wall_s)
+
     if returncode is None:
-        return TrialResult(
-            outcome=TrialOutcome.TIMEOUT,
-            error=f"trial exceeded its {timeout_s:g} s timeout; process tree killed",
-            **common,  # type: ignore[arg-type]
+        return ended(
+            TrialResult(
+                outcome=TrialOutcome.TIMEOUT,
+                error=f"trial exceeded its {timeout_s:g} s timeout; process tree killed",
+            )
         )
     if run.nproc_per_node > 1:
         merged = merge_rank_results(
@@ -227,15 +230,12 @@ def _run_child(
             launcher_error=death_message(returncode, who="trial process") if returncode else "",
         )
         write_result_atomically(result_path, merged)
-        return merged.replace(**common)
+        return ended(merged)
     try:
-        return read_result(result_path).replace(**common)
+        return ended(read_result(result_path))
     except (OSError, ValueError):
-        return TrialResult(
-            outcome=TrialOutcome.CRASHED,
-            error=death_message(returncode, who="trial process"),
-            **common,  # type: ignore[arg-type]
-        )
+        error = death_message(returncode, who="trial process")
+        return ended(TrialResult(outcome=TrialOutcome.CRASHED, error=error))
 
 
 def _log_line(log: IO[bytes], text: str) -> None:
