@@ -227,8 +227,10 @@ class Searcher:
     def _below_steady(self, result: TrialResult) -> bool:
         """A limit under params + grads + optimizer state: stop the study, keep the trial."""
         assert result.measurement is not None
-        self.abort = _steady_error(self.search.max_mem_bytes, result.measurement.steady_bytes)
-        return self.abort is not None
+        error = _steady_error(self.search.max_mem_bytes, result.measurement.steady_bytes)
+        if error is not None:
+            self.abort = error
+        return error is not None
 
     def _store(self, number: int | None, kind: str, spec: TrialSpec, result: TrialResult) -> None:
         digest = None
