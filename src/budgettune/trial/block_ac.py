@@ -1,5 +1,6 @@
 """Classic per-block activation checkpointing: full, or torchtitan's selective "op" policy
-(its ``SelectiveAC`` at `TORCHTITAN_COMMIT`).
+(its ``SelectiveAC`` at `TORCHTITAN_COMMIT`; which figures were measured with the older one:
+benchmarks/results/README.md#op-policy-version).
 
 The block's instance ``forward`` is wrapped in non-reentrant `torch.utils.checkpoint`, so the
 module tree and state_dict keys do not change; torch is imported at call time.
