@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
+from budgettune.trial import measure, recompute
+from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
 from budgettune.trial.environment import prepare_process_environment
 from budgettune.trial.results import (
     Measurement,
@@ -27,6 +29,7 @@ from budgettune.trial.results import (
     write_result_atomically,
 )
 from budgettune.trial.spec import TrialRun
+from budgettune.workload import fingerprint, load_workload
 
 logger = logging.getLogger("budgettune.trial.child")  # not __main__ under ``python -m``
 ERROR_CHARS = 500
@@ -72,8 +75,6 @@ def run_trial(run: TrialRun) -> TrialResult:
 
 def _run_rank(run: TrialRun, info: RunInfo) -> TrialResult:
     """One rank: join the group, measure, tell a collective broken by a peer from a failure."""
-    from budgettune.trial.distributed import collective_errors, process_group
-
     try:
         with process_group(run) as (device, mesh):
             if device.type == "cuda":
@@ -113,16 +114,11 @@ def _log_compile_caches() -> None:
 
 
 def _is_collective_error(exc: BaseException) -> bool:
-    from budgettune.trial.distributed import collective_errors
-
     return isinstance(exc, collective_errors())
 
 
 def _measure(run: TrialRun, device: Any, mesh: Any, info: RunInfo) -> TrialResult:
     import torch
-
-    from budgettune.trial import measure, recompute
-    from budgettune.workload import fingerprint, load_workload
 
     try:
         if device.type == "cuda" and mesh is None:
@@ -159,8 +155,6 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: RunInfo) -> TrialResul
         if mesh is None:
             step = recompute.prepare(workload, run.spec, device)
         else:
-            from budgettune.trial.distributed import prepare_sharded
-
             step = prepare_sharded(workload, run.spec, device, mesh)
         logger.info("step prepared in %.1f s", time.perf_counter() - stage)
         stage = time.perf_counter()
