@@ -282,8 +282,7 @@ def run_gpu_workers(
         TrialInfrastructureError: the workers' log folder cannot be made.
         KeyboardInterrupt: after each worker was interrupted (its trial queued again).
     """
-    url = storage_url
-    with database_errors(url):
+    with database_errors(storage_url):
         start = study.count()
     runs_dir = Path(search.runs_dir).resolve()
     log_dir = runs_dir / search.study_name / "workers"
@@ -294,7 +293,7 @@ def run_gpu_workers(
             f"cannot make the workers' log folder {log_dir} ({exc.strerror}); check --runs-dir "
             "and the free space on its disk"
         ) from exc
-    env = {**os.environ, STORAGE_ENV: url}
+    env = {**os.environ, STORAGE_ENV: storage_url}
     workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
         for group in gpu_groups(gpus, search.nproc_per_node):
@@ -309,13 +308,13 @@ def run_gpu_workers(
                 workers.append((gpu, process, log_path))
         while any(process.poll() is None for _, process, _ in workers):
             time.sleep(PROGRESS_POLL_S)
-            with database_errors(url):
+            with database_errors(storage_url):
                 now = study.count()
                 observer.trials_finished(now.finished - start.finished, study.best_feasible_ms())
     except BaseException:
         _stop(workers)
         raise
-    with database_errors(url):
+    with database_errors(storage_url):
         end = study.count()
     observer.trials_finished(end.finished - start.finished, study.best_feasible_ms())
     failed = [
