@@ -97,7 +97,8 @@ def trial(
     Each knob is an option named as the knob (``--knapsack-solver greedy``); a knob not given
     is at its default.
     """
-    from budgettune.trial.launcher import check_device_available, check_ops_exist, launch_trial
+    from budgettune.trial.devices import check_device_available
+    from budgettune.trial.launcher import check_ops_exist, launch_trial
     from budgettune.trial.spec import TrialRun, TrialSpec
     from budgettune.workload import check_reference
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from budgettune.trial.results import Measurement, TrialResult
+from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes
 
 
@@ -57,8 +58,6 @@ def rank_line(m: Measurement | None, error: str = "") -> str:
 
 def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
     """The pinned configuration and its figures."""
-    from budgettune.trial.spec import TrialSpec
-
     table = Table(title=title, show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()

@@ -12,7 +12,7 @@ import optuna
 import optuna_dashboard
 
 from budgettune import storage as storage_mod
-from budgettune.errors import StorageError, StudyNotFoundError
+from budgettune.errors import StorageError, StudyNotFoundError, one_line
 from budgettune.present.dashboard_views import (
     PLOT_ID,
     memory_time_figure,
@@ -76,6 +76,5 @@ def refresh_views(storage: storage_mod.Storage, study_name: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
         # One line: a storage outage also stops the search right after, with its own line;
         # the traceback is there for `--debug`.
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        logger.warning("could not refresh the dashboard views: %s", reason)
+        logger.warning("could not refresh the dashboard views: %s", one_line(exc))
         logger.debug("dashboard views traceback", exc_info=True)
