@@ -68,6 +68,8 @@ GOOD: dict[str, Any] = {
     "fix.block_ac_policy": "op",
     "fix.optimizer_impl": "fused",
     "fix.cuda_alloc_conf": "expandable_segments:True",
+    "space.aggressive_recomputations": [False, True],
+    "fix.aggressive_recomputation": True,
     "trial.warmup_steps": 1,
     "trial.timed_steps": 1,
     "trial.seed": 0,

@@ -185,6 +185,17 @@ class TrialSpec:
         old_plural="alloc_confs",
         render=lambda s: s.cuda_alloc_conf or None,
     )
+    aggressive_recomputation: bool = knob(
+        False,
+        help="torch._functorch.config.aggressive_recomputation: lift the partitioner's bans "
+        "on recompute (but reductions): less memory saved for backward, more recompute",
+        applied_by="partitioner",
+        functorch_key="aggressive_recomputation",
+        sampled="choice",
+        space_default=(False, True),
+        relevant=_compiled,
+        render=lambda s: "aggressive recompute" if s.aggressive_recomputation else None,
+    )
     seed: int = setting(0, help="seed of the step's randomness (dropout etc.)")
     warmup_steps: int = setting(2, help="untimed steps before measuring (compilation is here)")
     timed_steps: int = setting(5, help="steps timed after the memory-measured one")
