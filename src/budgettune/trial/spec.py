@@ -192,7 +192,7 @@ class TrialSpec:
         applied_by="partitioner",
         functorch_key="aggressive_recomputation",
         sampled="choice",
-        space_default=(False, True),
+        space_default=(False,),  # searched when a study lists true: the default space as it was
         relevant=_compiled,
         render=lambda s: "aggressive recompute" if s.aggressive_recomputation else None,
     )
