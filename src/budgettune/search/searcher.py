@@ -39,32 +39,33 @@ from budgettune.pinning import (
 from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
-from budgettune.search.opening import (
-    ENQUEUED_SPEC_ATTR,
-    enqueue_baseline,
-    open_study,
-    requeue_unfinished,
-)
+from budgettune.search.opening import enqueue_baseline, open_study, requeue_unfinished
 from budgettune.search.opening_plan import plan_opening, sampling_space
+from budgettune.search.pin import pin_study
+from budgettune.search.publish import refresh_views
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
     HIGH_BUDGET,
     HIGH_BUDGET_RETRY,
-    WORKER_ATTR,
     SearchObserver,
     TrialEvent,
     TrialFailed,
     high_budget_retry,
-    result_attrs,
 )
-from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, count_trials
+from budgettune.search.target import NextStep, TrialCount, count_trials
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
     UNCONSTRAINED,
     best_feasible_ms,
     unconstrained_baseline,
+)
+from budgettune.storage.user_attrs import (
+    ENQUEUED_SPEC_ATTR,
+    TARGET_ATTR,
+    WORKER_ATTR,
+    result_attrs,
 )
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialOutcome, TrialResult
@@ -154,8 +155,10 @@ class Searcher:
 
     def reference(self) -> dict[str, float] | None:
         """First-step loss and grad norm of the study's unconstrained baseline, if measured."""
-        attrs = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
-        return None if attrs is None else {"loss": attrs["loss"], "grad_norm": attrs["grad_norm"]}
+        found = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
+        if found is None or found.loss is None or found.grad_norm is None:
+            return None
+        return {"loss": found.loss, "grad_norm": found.grad_norm}
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
@@ -358,8 +361,6 @@ class Searcher:
 
     def publish(self) -> None:
         """Refresh the study's dashboard views; a failure is logged, never fatal."""
-        from budgettune.search.publish import refresh_views
-
         refresh_views(self.store, self.search.study_name)
 
     def check_steady(self) -> None:
@@ -407,7 +408,6 @@ class Searcher:
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
 
     def pin(self) -> dict[str, Any]:
-        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""
-        from budgettune.search.pin import pin_study
-
-        return pin_study(self)
+        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`); returns
+        the pin's JSON document."""
+        return pin_study(self).to_json_dict()

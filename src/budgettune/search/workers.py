@@ -33,8 +33,9 @@ from budgettune.errors import (
 )
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec, check_study_name
-from budgettune.search.study import HEARTBEAT_ATTR, SPEC_ATTR, SearchObserver
+from budgettune.search.study import SearchObserver
 from budgettune.storage.coordination import database_errors
+from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
 from budgettune.trial.launcher import check_device_available, cuda_device_count, die_with_parent
 from budgettune.trial.processes import interrupts_kept
 from budgettune.trial.spec import DEVICE_PATTERN
