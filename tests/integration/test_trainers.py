@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import math
 import sys
 import types
@@ -194,3 +195,22 @@ def test_a_sharded_pin_is_not_applied_in_place() -> None:
     pinned: PinnedConfig = parse_pin(_doc(world_size=2), source="sharded.json")
     with pytest.raises(PinnedConfigError, match="under torchrun, not in place"):
         pinned.compile(torch.nn.Linear(2, 2), in_place=True)
+
+
+def test_budgettune_search_takes_a_trainer_and_pins_its_model_and_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import budgettune
+
+    monkeypatch.chdir(tmp_path)
+    trainer = _example("hf_trainer").make_trainer(str(tmp_path / "out"))
+    pinned = budgettune.search(
+        trainer, "1GB", device="cpu", storage=f"sqlite:///{tmp_path / 'bt.db'}", trials=1,
+        top_k=1, reverify=1, progress=False, workload_dir=tmp_path / "trainer-workload",
+        space={"backend": "aot_eager_decomp_partition"}, fix={"compile_mode": "eager"},
+        trial={"warmup_steps": 1, "timed_steps": 1},
+    )  # fmt: skip
+    assert isinstance(pinned, PinnedConfig)
+    written = json.loads((tmp_path / "budgettune-pin.json").read_text())
+    assert written["workload"] == f"{tmp_path / 'trainer-workload' / 'build.py'}:build"
+    assert written["spec"] == pinned.spec.to_json_dict()

@@ -76,6 +76,21 @@ def test_bad_search_flags_are_refused_before_any_trial(workdir: Path, args, said
     _refused(workdir, [*SEARCH, *args], said)
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["trial", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
+        (["trial", "--timeout", "nan"], "--timeout must be a number of seconds > 0"),
+        (["trial", "--collective-timeout", "-1"], "--collective-timeout must be a number"),
+        (["verify", "pin.json", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
+        (["verify", "pin.json", "--runs", "0"], "--runs must be at least 1, got 0"),
+    ],
+)
+def test_bad_trial_and_verify_flags_are_refused_before_any_run(workdir: Path, args, said) -> None:
+    _pin(workdir / "pin.json")
+    _refused(workdir, [*args, "--device", "cpu"] if args[0] == "trial" else args, said)
+
+
 def test_a_limit_with_its_unit_under_the_floor_is_not_called_unitless(workdir: Path) -> None:
     line = _refused(workdir, [*SEARCH, "--max-mem", "0.9MiB"], "--max-mem 0.9MiB is 943.72 kB")
     assert "under the floor of 1.05 MB (1.00 MiB)" in line and "unit" not in line

@@ -10,6 +10,8 @@ import typer
 
 from budgettune.cli.app import (
     app,
+    check_count,
+    check_seconds,
     default_run_dir,
     handles_errors,
     print_json,
@@ -161,6 +163,8 @@ def verify(
     from the pinned one."""
     from budgettune.search.verify import verify_pin
 
+    check_count("--runs", runs)
+    check_seconds("--timeout", timeout)
     report = verify_pin(
         pin_file,
         runs=runs,

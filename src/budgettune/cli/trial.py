@@ -9,6 +9,7 @@ import typer
 
 from budgettune.cli.app import (
     app,
+    check_seconds,
     default_device,
     default_run_dir,
     handles_errors,
@@ -147,6 +148,8 @@ def trial(
         warmup_steps=warmup_steps,
         timed_steps=timed_steps,
     )
+    check_seconds("--timeout", timeout)
+    check_seconds("--collective-timeout", collective_timeout)
     check_reference(workload)
     chosen_device = device or default_device(workload)
     run = TrialRun(

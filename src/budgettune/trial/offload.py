@@ -1,0 +1,220 @@
+"""Activation offload, eager: a block's saved activations moved to host memory in the forward
+and brought back when the backward needs them (saved-tensor hooks, as torchao's
+``OffloadActivations`` and ``torch.autograd.graph.save_on_cpu`` do).
+
+On CUDA the copy to the host runs on a side stream into pinned memory, so it overlaps the
+forward's compute; ``Tensor.record_stream`` keeps the allocator from reusing the device copy
+until the transfer is done, so nothing waits for it in the forward. The copy back is issued on
+the compute stream after the transfer's event, non-blocking from pinned memory. Parameters, the
+model's own leaves and tensors under ``min_bytes`` stay where they are. A `HostLedger` counts
+the host bytes held, for the trial's host-memory peak (host memory is finite too, and the
+ranks of a host share it).
+
+torch is imported at call time.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from budgettune.errors import SpecError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+_OFFLOAD_MARK = "_budgettune_offload"
+DEFAULT_MIN_BYTES = 1 << 20
+"""Tensors under 1 MiB stay on the device: their transfer costs more than it saves."""
+
+
+@dataclass
+class HostLedger:
+    """Host bytes held by offloaded activations: now, and the most at once."""
+
+    held_bytes: int = 0
+    peak_bytes: int = 0
+    moved_bytes: int = 0
+    """Bytes copied to the host (each comes back once, in the backward)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def hold(self, nbytes: int) -> None:
+        with self._lock:
+            self.held_bytes += nbytes
+            self.moved_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.held_bytes -= nbytes
+
+    def reset_peak(self) -> None:
+        """Start a new peak (and byte count) from what is held now: one step's figures."""
+        with self._lock:
+            self.peak_bytes = self.held_bytes
+            self.moved_bytes = 0
+
+
+@dataclass(frozen=True)
+class _Offloaded:
+    host: torch.Tensor
+    device: torch.device
+    event: Any  # a torch.cuda.Event, or None when the copy was synchronous
+
+
+class ActivationOffload:
+    """Saved-tensor hooks that keep a region's activations in host memory.
+
+    Use as a context manager around the forward of the region (`apply_block_offload` wraps
+    blocks so). ``device_types`` names the devices whose tensors are moved (``("cuda",)``;
+    the tests move CPU tensors to show the bookkeeping without a GPU).
+    """
+
+    def __init__(
+        self,
+        ledger: HostLedger | None = None,
+        *,
+        min_bytes: int = DEFAULT_MIN_BYTES,
+        pin_memory: bool = True,
+        device_types: Sequence[str] = ("cuda",),
+    ) -> None:
+        self.ledger = ledger if ledger is not None else HostLedger()
+        self.min_bytes = min_bytes
+        self.pin_memory = pin_memory
+        self.device_types = tuple(device_types)
+        self._streams: dict[Any, Any] = {}
+        self._entered: list[Any] = []  # one hooks context per entry: entries may nest
+
+    def __enter__(self) -> ActivationOffload:
+        import torch
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        hooks.__enter__()
+        self._entered.append(hooks)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._entered.pop().__exit__(*exc)
+
+    def wants(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is an activation worth moving."""
+        import torch
+
+        if tensor.device.type not in self.device_types or tensor.is_sparse:
+            return False
+        base = tensor._base if tensor._base is not None else tensor  # weight.t() is a view
+        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
+            return False  # a weight: it stays on the device whatever is saved
+        return tensor.numel() * tensor.element_size() >= self.min_bytes
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        import torch
+
+        if not self.wants(tensor):
+            return tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        pin = self.pin_memory and tensor.device.type == "cuda"
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin)
+        event = None
+        if tensor.device.type == "cuda":
+            stream = self._side_stream(tensor.device)
+            stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            with torch.cuda.stream(stream):
+                host.copy_(tensor, non_blocking=pin)
+                event = torch.cuda.Event()
+                event.record(stream)
+            tensor.record_stream(stream)  # its memory is not reused before the copy is done
+        else:
+            host.copy_(tensor)
+        self.ledger.hold(nbytes)
+        weakref.finalize(host, self.ledger.release, nbytes)
+        return _Offloaded(host=host, device=tensor.device, event=event)
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        import torch
+
+        if not isinstance(packed, _Offloaded):
+            return packed
+        if packed.event is not None:
+            torch.cuda.current_stream(packed.device).wait_event(packed.event)
+            return packed.host.to(packed.device, non_blocking=packed.host.is_pinned())
+        return packed.host.to(packed.device, copy=True)
+
+    def _side_stream(self, device: torch.device) -> Any:
+        import torch
+
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
+
+
+def apply_block_offload(
+    blocks: Sequence[nn.Module],
+    every: int,
+    offload: ActivationOffload,
+    *,
+    skip: Callable[[nn.Module], bool] = lambda block: False,
+) -> int:
+    """Run every ``every``-th block's forward (1-based positions ``every, 2*every, ...``, as
+    block AC counts) under ``offload``, in place: the block's instance ``forward`` is wrapped,
+    the module tree and state_dict keys do not change.
+
+    Args:
+        blocks: the repeated blocks, in model order.
+        every: 0 = off; k = every k-th block.
+        offload: the hooks (one instance for all blocks: one ledger, one side stream).
+        skip: blocks left alone (a block under full block AC saves nothing to offload).
+
+    Returns:
+        The number of blocks wrapped.
+
+    Raises:
+        SpecError: on a negative stride or a block already wrapped.
+    """
+    if every < 0:
+        raise SpecError(f"offload_every must be >= 0, got {every}")
+    wrapped = 0
+    for position, block in enumerate(blocks, start=1):
+        if not every or position % every or skip(block):
+            continue
+        if getattr(block, _OFFLOAD_MARK, False):
+            raise SpecError(f"block {position - 1} ({type(block).__name__}) is already offloaded")
+        block.forward = _offloaded(block.forward, offload)  # type: ignore[method-assign]
+        setattr(block, _OFFLOAD_MARK, True)
+        wrapped += 1
+    return wrapped
+
+
+def _offloaded(inner: Callable[..., Any], offload: ActivationOffload) -> Callable[..., Any]:
+    def offloaded_forward(*args: Any, **kwargs: Any) -> Any:
+        with offload:
+            return inner(*args, **kwargs)
+
+    return offloaded_forward
+
+
+def is_offloaded(block: nn.Module) -> bool:
+    """Whether `apply_block_offload` wrapped ``block``."""
+    return bool(getattr(block, _OFFLOAD_MARK, False))
+
+
+def compiled_offload_settings() -> dict[str, bool]:
+    """Which of the partitioner's offload settings this torch has, by feature, not version
+    (issue 33 read torch 2.11 on an H200 host: all but ``activation_offload_cpu_gpu_bw``;
+    torch 2.13 here has all five)."""
+    import torch._functorch.config as functorch_config
+
+    return {
+        name: hasattr(functorch_config, name)
+        for name in (
+            "enable_activation_offloading",
+            "activation_offload_separate_stream",
+            "activation_offload_sink_wait",
+            "activation_reload_prefetch",
+            "activation_offload_cpu_gpu_bw",
+        )
+    }

@@ -1,0 +1,82 @@
+"""`budgettune.search(...)` without trials: the builder's reference, refusals, the package."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import budgettune
+from budgettune.api import builder_reference
+from budgettune.errors import StudyFileError, UsageError
+from budgettune.workloads import tiny_gpt
+
+
+def top_level_builder(device: object) -> None:  # a builder a fresh process can import
+    raise NotImplementedError
+
+
+def test_a_module_function_is_passed_by_module_and_its_import_root() -> None:
+    reference, root = builder_reference(top_level_builder)
+    assert reference == f"{__name__}:top_level_builder"
+    # the folder a fresh process must import the module's top-level package from
+    assert root is not None
+    assert (Path(root) / Path(*__name__.split("."))).with_suffix(".py") == Path(__file__)
+    assert builder_reference(tiny_gpt.build) == (
+        "budgettune.workloads.tiny_gpt:build",
+        str(Path(tiny_gpt.__file__).parents[2]),
+    )
+    assert builder_reference("builtin:tiny-gpt") == ("builtin:tiny-gpt", None)
+
+
+def test_builders_a_fresh_process_cannot_import_are_refused_in_one_line() -> None:
+    def nested(device: object) -> None: ...
+
+    cell = types.ModuleType("__ipython_cell__")  # what a notebook cell's function points at
+    exec("def build(device):\n    return None\n", cell.__dict__)
+    sys.modules[cell.__name__] = cell
+    try:
+        for build, says in (
+            (lambda device: None, "not a top-level function"),
+            (nested, "not a top-level function"),
+            (cell.__dict__["build"], "notebook cell"),
+            (42, "must be a workload builder"),
+        ):
+            with pytest.raises(UsageError) as err:
+                builder_reference(build)  # type: ignore[arg-type]
+            assert says in str(err.value) and "\n" not in str(err.value), err.value
+    finally:
+        del sys.modules[cell.__name__]
+
+
+def test_bad_keys_and_values_are_one_line_errors_and_nothing_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "pin.json"
+    for settings, says in (
+        ({"trails": 3}, "unknown key 'trails'"),
+        ({"trials": -1}, "trials must be"),
+        ({"space": {"ac_every": "1"}}, "space.ac_every must be"),
+        ({"workload": "builtin:tiny-gpt"}, "pass 'workload' as its own argument"),
+    ):
+        with pytest.raises((StudyFileError, UsageError)) as err:
+            budgettune.search(top_level_builder, "1GB", output=out, **settings)
+        assert says in str(err.value) and "\n" not in str(err.value), err.value
+    assert not out.exists() and not list(tmp_path.iterdir())
+    assert "PYTHONPATH" not in os.environ or str(Path(__file__).parents[2]) not in os.environ[
+        "PYTHONPATH"
+    ].split(os.pathsep)
+
+
+def test_search_is_the_package_and_the_function_and_import_stays_light() -> None:
+    import budgettune.search.run  # Python sets budgettune.search to the package on import
+
+    assert callable(budgettune.search) and budgettune.search.run.run_search
+    code = (
+        "import sys, budgettune; "
+        "print(callable(budgettune.search), 'optuna' in sys.modules, 'sqlalchemy' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False", "False"]
