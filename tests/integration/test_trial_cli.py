@@ -22,21 +22,8 @@ BUDGETTUNE = str(Path(sys.executable).parent / "budgettune")
 
 def _trial(tmp_path: Path, budget: str) -> dict:
     out = subprocess.run(
-        [
-            BUDGETTUNE,
-            "trial",
-            "--workload",
-            "builtin:tiny-gpt",
-            "--budget",
-            budget,
-            "--json",
-            "--backend",
-            "aot_eager_decomp_partition",
-            "--warmup-steps",
-            "1",
-            "--timed-steps",
-            "2",
-        ],
+        [BUDGETTUNE, "trial", "--workload", "builtin:tiny-gpt", "--budget", budget, "--json",
+         "--backend", "aot_eager_decomp_partition", "--warmup-steps", "1", "--timed-steps", "2"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

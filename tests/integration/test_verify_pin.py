@@ -130,5 +130,7 @@ def test_allow_other_workload_measures_every_run_and_says_how_it_differs(
     assert report.workload_mismatch.startswith("workload 1234567 params")
     assert report.to_json_dict()["workload_mismatch"] == report.workload_mismatch
     with pytest.raises(verify_mod.WorkloadMismatchError):
-        verify_mod.verify_pin(pin, runs=2, device="cpu", timeout_s=60, run_dir=tmp_path / "again")
+        verify_mod.verify_pin(
+            pin, runs=2, device="cpu", timeout_s=60, run_dir=tmp_path / "again"
+        )
     assert len(launched) == 3  # without the flag: one run, then the refusal

@@ -69,7 +69,9 @@ def sampling_space(search: SearchSpec, study_attrs: Mapping[str, Any]) -> Search
     return space.replace(fixed={**space.fixed, **kept}) if kept else space
 
 
-def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str], None]) -> None:
+def plan_opening(
+    study: optuna.Study, search: SearchSpec, notice: Callable[[str], None]
+) -> None:
     """Record newly settled choices (and say so), then queue the next structured point.
 
     Nothing is queued while trials wait in the queue or a settle probe (or the full-AC

@@ -91,11 +91,9 @@ def _free_choices(search: SearchSpec) -> list[tuple[str, Any]]:
 def wants_structured_opening(search: SearchSpec) -> bool:
     """Whether the study is long enough, and block AC searched, for the structured opening."""
     strides = [s for s in search.space.block_ac_every if s > 0]
-    return (
-        search.num_trials >= STRUCTURED_MIN_TRIALS
-        and "block_ac_every" not in (search.space.fixed)
-        and bool(strides)
-    )
+    return search.num_trials >= STRUCTURED_MIN_TRIALS and "block_ac_every" not in (
+        search.space.fixed
+    ) and bool(strides)
 
 
 def settle_probes(search: SearchSpec, full_ac: TrialSpec) -> list[tuple[str, TrialSpec]]:
@@ -112,11 +110,13 @@ def _dominates(a: Point, b: Point) -> bool:
     """``a`` is no worse than ``b`` on memory and time, and better on one beyond noise."""
     assert a.peak_bytes is not None and b.peak_bytes is not None
     assert a.step_time_ms is not None and b.step_time_ms is not None
-    no_worse = a.peak_bytes <= b.peak_bytes * (
-        1 + PEAK_NOISE
-    ) and a.step_time_ms <= b.step_time_ms * (1 + TIME_NOISE)
-    better = a.peak_bytes < b.peak_bytes * (1 - PEAK_NOISE) or a.step_time_ms < b.step_time_ms * (
-        1 - TIME_NOISE
+    no_worse = (
+        a.peak_bytes <= b.peak_bytes * (1 + PEAK_NOISE)
+        and a.step_time_ms <= b.step_time_ms * (1 + TIME_NOISE)
+    )
+    better = (
+        a.peak_bytes < b.peak_bytes * (1 - PEAK_NOISE)
+        or a.step_time_ms < b.step_time_ms * (1 - TIME_NOISE)
     )
     return no_worse and better
 

@@ -264,7 +264,9 @@ def running_peak_bytes(memory: list[tuple[int, int]]) -> int:
     return peak
 
 
-def _phase_peaks(memory: list[tuple[int, int]], phase_start_ns: dict[str, int]) -> CpuStepMemory:
+def _phase_peaks(
+    memory: list[tuple[int, int]], phase_start_ns: dict[str, int]
+) -> CpuStepMemory:
     boundaries = sorted((start, phase) for phase, start in phase_start_ns.items())
     phase_peaks = dict.fromkeys(PHASES, 0)
     running = peak = 0
