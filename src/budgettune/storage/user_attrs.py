@@ -63,7 +63,9 @@ _MEASURED = (
     "loss",
     "grad_norm",
 )
-"""The keys of a measured trial's figures, in the order they are written."""
+"""The keys of a measured trial's figures (`Measurement`'s fields), in the order written."""
+_RANK_FIGURES = (*_MEASURED[:4], "peak_phase", "step_time_ms")
+"""The figures each rank of a sharded trial keeps (`RankRecord`)."""
 
 
 def _finite(value: Any) -> bool:
@@ -119,19 +121,8 @@ class RankRecord:
     def from_rank(cls, rank: RankFigures) -> RankRecord:
         """The record of one rank's figures."""
         m = rank.measurement
-        if m is None:
-            return cls(rank=rank.rank, outcome=rank.outcome.value, error=rank.error)
-        return cls(
-            rank=rank.rank,
-            outcome=rank.outcome.value,
-            error=rank.error,
-            peak_allocated_bytes=m.peak_allocated_bytes,
-            peak_reserved_bytes=m.peak_reserved_bytes,
-            peak_device_bytes=m.peak_device_bytes,
-            steady_bytes=m.steady_bytes,
-            peak_phase=m.peak_phase,
-            step_time_ms=m.step_time_ms,
-        )
+        measured = {} if m is None else {key: getattr(m, key) for key in _RANK_FIGURES}
+        return cls(rank=rank.rank, outcome=rank.outcome.value, error=rank.error, **measured)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON form: the error only when there is one, the figures only when measured."""
