@@ -30,91 +30,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from budgettune.trial.spec import EXPANDABLE
+from benchmarks import reference
+from benchmarks.config_sets import WORKLOADS, configs
+from budgettune.trial.spec import TrialSpec
 
 MARGIN = 0.03
 """The search's default margin: the grid's best is held to the same rule of fits."""
 TRIALS = 12
 """The issue's budget of trials per search."""
 
-WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
-    # GPT-2 medium, the README's transformers example
-    "gpt2m": (
-        "hf:gpt2",
-        {"n_layer": 24, "n_embd": 1024, "n_head": 16, "batch_size": 8, "seq_len": 1024},
-    ),
-    # Llama-3.2-1B's shape through transformers (not the built-in Llama)
-    "llama1b": (
-        "hf:llama",
-        {
-            "hidden_size": 2048,
-            "intermediate_size": 8192,
-            "num_hidden_layers": 16,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "vocab_size": 128256,
-            "rope_theta": 500000.0,
-            "tie_word_embeddings": True,
-            "max_position_embeddings": 131072,
-            "batch_size": 4,
-            "seq_len": 2048,
-        },
-    ),
-    # ViT-B/16 through transformers (not builtin:vit)
-    "vit": ("hf:vit", {"batch_size": 128}),
-}
-AS_WRITTEN = {"optimizer_impl": "as_written", "cuda_alloc_conf": ""}
-LEAN = {"optimizer_impl": "fused", "cuda_alloc_conf": EXPANDABLE}
-
-
-def _config(name: str, label: str, **spec: Any) -> dict[str, Any]:
-    workload, options = WORKLOADS[name]
-    return {
-        "label": f"{name}-{label}",
-        "family": "grid30",
-        "workload": workload,
-        "options": dict(options),
-        "spec": spec,
-    }
-
 
 def grid_configs(name: str, *, warmup: int = 2, timed: int = 8) -> list[dict[str, Any]]:
-    """The hand grid of one workload (19 configurations), in the order they are measured."""
-    steps = {"warmup_steps": warmup, "timed_steps": timed}
-    out = []
-    for tag, knobs in (("", AS_WRITTEN), ("lean-", LEAN)):
-        out.append(_config(name, f"{tag}budget-1.0", **knobs, **steps))
-        for policy in ("full", "op"):
-            for every in (1, 2, 4):
-                out.append(
-                    _config(
-                        name,
-                        f"{tag}{policy}-ac-every-{every}",
-                        block_ac_every=every,
-                        block_ac_policy=policy,
-                        **knobs,
-                        **steps,
-                    )
-                )
-    out.append(
-        _config(name, "fused-full-ac-every-2", block_ac_every=2, optimizer_impl="fused", **steps)
-    )
-    out.append(
-        _config(
-            name,
-            "expandable-full-ac-every-2",
-            block_ac_every=2,
-            cuda_alloc_conf=EXPANDABLE,
-            **steps,
-        )
-    )
-    for budget in (0.7, 0.5, 0.3):
-        out.append(
-            _config(
-                name, f"lean-budget-{budget}", activation_memory_budget=budget, **LEAN, **steps
-            )
-        )
-    return out
+    """The hand grid of one workload (19 configurations), in the order they are measured: the
+    reference set ``grid30-NAME`` (`benchmarks.config_sets.grid30`)."""
+    return configs(f"grid30-{name}", warmup=warmup, timed=timed)
 
 
 def _measurement(records: Sequence[dict[str, Any]], label: str) -> dict[str, Any] | None:
@@ -214,8 +143,6 @@ def report(records: Sequence[dict[str, Any]]) -> str:
 
 
 def _describe(spec: dict[str, Any]) -> str:
-    from budgettune.trial.spec import TrialSpec
-
     return TrialSpec.from_json_dict(spec).describe()
 
 
@@ -252,8 +179,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.what == "grid":
-        from benchmarks import reference
-
         sets = ["grid30-" + args.name]
         argv_ref = ["--out", str(args.out), "--stop-after", str(args.stop_after), "--cache"]
         argv_ref += ["--gpus", args.gpus] if args.gpus else []

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from benchmarks.report import script_main, study_trials
+from benchmarks.common import script_main, study_trials
 from budgettune.storage.user_attrs import WORKER_ATTR
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)

@@ -15,6 +15,10 @@ def _report():
     return importlib.import_module("benchmarks.report")
 
 
+def _figure():
+    return importlib.import_module("benchmarks.figure")
+
+
 def _record(label: str, peak: float | None, ms: float = 10.0) -> dict:
     measurement = None
     if peak is not None:
@@ -82,14 +86,14 @@ def test_step_times_are_compared_with_the_files_budget_one_row() -> None:
 
 
 def test_pareto_front_keeps_only_undominated_points() -> None:
-    front = _report().pareto_front(
+    front = _figure().pareto_front(
         [(17.4, 88.9), (17.4, 82.6), (18.4, 79.2), (18.8, 81.6), (19.9, 77.1), (22.1, 93.1)]
     )
     assert front == [1, 2, 4]
 
 
 def test_family_of_reads_the_spec() -> None:
-    family_of = _report().family_of
+    family_of = _figure().family_of
     assert family_of({"compile_mode": "eager", "block_ac_every": 1}) == "eager + block AC"
     assert family_of(
         {"block_ac_every": 1, "block_ac_policy": "op", "optimizer_impl": "fused"}
@@ -117,7 +121,7 @@ def test_figure_draws_a_png_and_returns_the_frontier(tmp_path: Path) -> None:
 
 
 def test_label_offsets_move_crowded_tags_apart() -> None:
-    offsets = _report().label_offsets(
+    offsets = _figure().label_offsets(
         [19.0, 19.01, 19.02, 19.0, 16.0], [80.0, 80.2, 80.1, 90.0, 80.0], 0.1, 1.0
     )
     # the first of a crowd goes right, the second left, the third right and one step down

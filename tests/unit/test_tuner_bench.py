@@ -19,6 +19,10 @@ def _tuner():
     return importlib.import_module("benchmarks.tuner")
 
 
+def _limits():
+    return importlib.import_module("benchmarks.limits")
+
+
 def _grid(label: str, gb: float, ms: float, **spec: Any) -> dict[str, Any]:
     batch = spec.pop("batch", None)
     return {
@@ -206,7 +210,7 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
 
 
 def test_limits_table_says_whether_the_grid_meets_each_target() -> None:
-    text = _tuner().limits_table(GRID)
+    text = _limits().limits_table(GRID)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()[4:]}
     # L1 16.50 GB: fused-budget-0.7 at 67.8 ms against budget-1.0's 77.0 is -11.9 %
     assert "fused-budget-0.7 (15.60 GB, 67.8 ms) | -11.9% | <= -12% | no |" in rows["L1"]
@@ -215,8 +219,8 @@ def test_limits_table_says_whether_the_grid_meets_each_target() -> None:
     # L4: only fused configurations count; 70.0 vs 66.0 ms is +6.1 %
     assert "fused-budget-0.5 (15.20 GB, 70.0 ms) | +6.1% | <= +2% | no |" in rows["L4"]
     grid = [*GRID, _grid("fused-budget-0.6", 15.20, 67.0, optimizer_impl="fused")]
-    assert _tuner().limits_table(grid).splitlines()[7].endswith("| +1.5% | <= +2% | yes |")
-    assert _tuner().limits_table(GRID[:1]) == ""
+    assert _limits().limits_table(grid).splitlines()[7].endswith("| +1.5% | <= +2% | yes |")
+    assert _limits().limits_table(GRID[:1]) == ""
 
 
 VIT = [
@@ -240,7 +244,7 @@ def test_the_vit_limit_lies_midway_and_is_searched_on_vit_at_its_own_batch() -> 
     )
     assert "--workload builtin:vit" in joined and "batch_size" not in joined  # 64, its own
     assert "--study tuner-V-m0 --margin 0 " in joined
-    table = tuner.limits_table(GRID + VIT)
+    table = _limits().limits_table(GRID + VIT)
     row = next(line for line in table.splitlines() if line.startswith("| V |"))
     assert "vit-op-sac (2.73 GB, 26.3 ms) | +28.3% | - | - |" in row
 
