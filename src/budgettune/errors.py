@@ -7,6 +7,32 @@
 from __future__ import annotations
 
 
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, stripped ("" when there is none)."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def one_line(exc: BaseException, *, with_type: bool = False) -> str:
+    """An exception as one line: the first non-blank line of its message.
+
+    Args:
+        exc: the exception.
+        with_type: prefix the exception's class name (``ValueError: bad``), for an error from
+            code the user did not write to us (their build, torch) where the name says a lot.
+
+    Returns:
+        The line; the class name alone when the message is empty.
+    """
+    name = type(exc).__name__
+    first = first_line(str(exc))
+    if not first:
+        return name
+    return f"{name}: {first}" if with_type else first
+
+
 class BudgettuneError(Exception):
     """Base of every failure budgettune reports to a user (exit code 1)."""
 

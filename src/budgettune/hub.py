@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import WorkloadError
+from budgettune.errors import WorkloadError, one_line
 
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 """``ORG/NAME``: one slash, letters, digits, ``. _ -``; a path such as ``./ckpt``,
@@ -90,8 +90,7 @@ def hub_config_folder(repo_id: str) -> Path:
             f"{where}: the repository has no {CONFIG_FILE} (not a transformers model?)"
         ) from None
     except errors.HFValidationError as exc:
-        raise WorkloadError(f"{where}: not a Hub id ({str(exc).splitlines()[0]})") from None
+        raise WorkloadError(f"{where}: not a Hub id ({one_line(exc)})") from None
     except OSError as exc:  # HTTP errors (HfHubHTTPError), disk errors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WorkloadError(f"{where}: fetching {CONFIG_FILE} failed: {first}") from None
+        raise WorkloadError(f"{where}: fetching {CONFIG_FILE} failed: {one_line(exc)}") from None
     return Path(path).parent

@@ -1,4 +1,5 @@
-"""The `Workload` contract users write, loading it from a reference, and its fingerprint.
+"""The `Workload` contract users write, and loading it from a reference (its fingerprint:
+`budgettune.workload_fingerprint`, re-exported here).
 
 A workload reference is ``builtin:NAME``, ``path/to/file.py:fn`` or ``pkg.module:fn``; ``fn`` is
 called as ``fn(device, **options)`` and returns a `Workload`. This module does not import torch at
@@ -24,8 +25,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 from budgettune.blocks import find_blocks
-from budgettune.errors import SpecError, WorkloadError
+from budgettune.errors import WorkloadError, one_line
 from budgettune.hub import hub_config_folder, is_hub_id
+from budgettune.workload_fingerprint import (  # noqa: F401 - re-exported
+    WorkloadFingerprint,
+    fingerprint,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -249,11 +254,6 @@ def reference_origin(ref: str) -> str:
     return f"a transformers model from {parsed.location} (random weights)"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _import_file(path: Path) -> ModuleType:
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
@@ -295,7 +295,8 @@ def _resolve(ref: str, parsed: _Reference) -> Callable[..., Any]:
     except Exception as exc:
         _log.error("importing workload %s failed", ref, exc_info=exc)
         raise WorkloadError(
-            f"importing workload {ref} raised {_one_line(exc)} (full traceback in the trial log)"
+            f"importing workload {ref} raised {one_line(exc, with_type=True)} "
+            "(full traceback in the trial log)"
         ) from exc
     fn = getattr(module, parsed.function, None)
     if not callable(fn):
@@ -361,7 +362,8 @@ def load_workload(
     except Exception as exc:
         _log.error("workload %s raised", ref, exc_info=exc)
         raise WorkloadError(
-            f"workload {ref} raised {_one_line(exc)} (full traceback in the trial log)"
+            f"workload {ref} raised {one_line(exc, with_type=True)} "
+            "(full traceback in the trial log)"
         ) from exc
     if not isinstance(workload, Workload):
         raise WorkloadError(
@@ -370,78 +372,3 @@ def load_workload(
     if workload.blocks is None:
         workload = dataclasses.replace(workload, blocks=find_blocks(workload.model))
     return workload
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WorkloadFingerprint:
-    """What identifies a workload for a pinned config: its parameters and its batch shapes."""
-
-    param_count: int
-    """Number of parameter elements (shared parameters counted once)."""
-    param_bytes: int
-    """Bytes of the parameters."""
-    batch: tuple[str, ...]
-    """``dtype[shape]`` (``int64[4, 192]``) of each tensor leaf of the batch, in pytree order."""
-    digest: str
-    """16 hex digits of a sha256 over the count, each parameter's shape and dtype, and batch."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "batch", tuple(self.batch))
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
-            "param_count": self.param_count,
-            "param_bytes": self.param_bytes,
-            "batch": list(self.batch),
-            "digest": self.digest,
-        }
-
-    @classmethod
-    def from_json_dict(cls, data: Mapping[str, Any]) -> WorkloadFingerprint:
-        """Build from the JSON form.
-
-        Raises:
-            SpecError: on missing or unknown keys.
-        """
-        known = {"param_count", "param_bytes", "batch", "digest"}
-        if set(data) != known:
-            raise SpecError(
-                f"a workload fingerprint has keys {', '.join(sorted(known))}; "
-                f"got {', '.join(sorted(data))}"
-            )
-        return cls(
-            param_count=int(data["param_count"]),
-            param_bytes=int(data["param_bytes"]),
-            batch=tuple(str(item) for item in data["batch"]),
-            digest=str(data["digest"]),
-        )
-
-
-def _describe(tensor: torch.Tensor) -> str:
-    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
-
-
-def fingerprint(workload: Workload) -> WorkloadFingerprint:
-    """The fingerprint of a built workload (works on the meta device too)."""
-    import torch
-    from torch.utils import _pytree as pytree
-
-    params = list(workload.model.parameters())
-    batch = tuple(
-        _describe(leaf)
-        for leaf in pytree.tree_leaves(workload.batch)
-        if isinstance(leaf, torch.Tensor)
-    )
-    param_count = sum(p.numel() for p in params)
-    hasher = hashlib.sha256(str(param_count).encode())
-    for param in params:
-        hasher.update(_describe(param).encode())
-    for item in batch:
-        hasher.update(item.encode())
-    return WorkloadFingerprint(
-        param_count=param_count,
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-        batch=batch,
-        digest=hasher.hexdigest()[:16],
-    )

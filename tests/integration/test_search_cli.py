@@ -233,7 +233,7 @@ def test_interrupted_search_keeps_finished_trials_and_resumes(tmp_path: Path) ->
     assert [t.system_attrs.get("retry_history") for t in queued].count([failed.number]) == 1
     # no orphaned trial process
     leftover = subprocess.run(
-        ["pgrep", "-f", f"budgettune.trial.worker {tmp_path}"], capture_output=True, text=True
+        ["pgrep", "-f", f"budgettune.trial.child {tmp_path}"], capture_output=True, text=True
     )
     assert leftover.stdout.strip() == ""
     # resume: a second run adds trials to the same study, the interrupted one among them (one

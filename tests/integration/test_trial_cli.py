@@ -54,7 +54,7 @@ def test_sigterm_is_one_line_exit_143_and_the_trial_process_ends(tmp_path: Path)
          "--run-dir", str(tmp_path / "run")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    child = ["pgrep", "-f", f"budgettune.trial.worker {tmp_path}"]
+    child = ["pgrep", "-f", f"budgettune.trial.child {tmp_path}"]
     deadline = time.monotonic() + 120
     while subprocess.run(child, capture_output=True).returncode != 0:
         assert time.monotonic() < deadline and process.poll() is None, "no trial child started"

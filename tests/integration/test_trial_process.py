@@ -138,7 +138,7 @@ def test_unreadable_spec_file_gives_crashed_result(tmp_path: Path) -> None:
     spec.write_text("{not json")
     result_path = tmp_path / "RESULT.json"
     subprocess.run(
-        [sys.executable, "-m", "budgettune.trial.worker", str(spec), str(result_path)],
+        [sys.executable, "-m", "budgettune.trial.child", str(spec), str(result_path)],
         check=True,
         capture_output=True,
         timeout=120,

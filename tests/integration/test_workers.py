@@ -86,7 +86,7 @@ def _worker(url: str, cwd: Path, *extra: str) -> subprocess.Popen[str]:
 def _trial_child(worker_pid: int) -> tuple[int, str] | None:
     """The running trial process of a worker: (pid, its command line)."""
     out = subprocess.run(
-        ["pgrep", "-a", "-P", str(worker_pid), "-f", "budgettune.trial.worker"],
+        ["pgrep", "-a", "-P", str(worker_pid), "-f", "budgettune.trial.child"],
         capture_output=True,
         text=True,
     ).stdout.strip()

@@ -8,13 +8,8 @@ import pytest
 
 from budgettune.cli import parse_options
 from budgettune.errors import DeviceUnavailableError, TrialInfrastructureError, UsageError
-from budgettune.trial.launcher import (
-    check_device_available,
-    cuda_device_count,
-    folder_fault,
-    launch_trial,
-    visible_device_env,
-)
+from budgettune.trial.devices import check_device_available, cuda_device_count, visible_device_env
+from budgettune.trial.launcher import folder_fault, launch_trial
 from budgettune.trial.spec import TrialRun, TrialSpec
 
 
@@ -30,15 +25,15 @@ def test_visible_device_env_pins_one_gpu(monkeypatch) -> None:
 
 
 def test_cuda_on_a_machine_without_one_is_refused(monkeypatch) -> None:
-    import budgettune.trial.launcher as launcher
+    import budgettune.trial.devices as devices
 
     assert isinstance(cuda_device_count(), int)  # the real NVML probe never raises
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(launcher, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
     with pytest.raises(DeviceUnavailableError, match="no CUDA GPU"):
         check_device_available("cuda")
     check_device_available("cpu")
-    monkeypatch.setattr(launcher, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
     check_device_available("cuda:1")
     with pytest.raises(DeviceUnavailableError, match=r"cuda:0..cuda:1"):
         check_device_available("cuda:2")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from recompute_models import tiny_lm_workload
 
-from budgettune.trial import measure, nvml, recompute
+from budgettune.trial import devices, measure, recompute
 from budgettune.trial.results import PHASES
 from budgettune.trial.spec import TrialSpec
 
@@ -89,13 +89,13 @@ def test_peak_phase_prefers_the_earliest_on_ties() -> None:
 
 
 def test_nvml_index_respects_cuda_visible_devices() -> None:
-    assert nvml.nvml_index(1, None) == 1
-    assert nvml.nvml_index(1, "") == 1
-    assert nvml.nvml_index(0, "3,1") == 3
-    assert nvml.nvml_index(1, "3, 1") == 1
-    assert nvml.nvml_index(0, "GPU-abc,MIG-def") == "GPU-abc"
+    assert devices.nvml_index(1, None) == 1
+    assert devices.nvml_index(1, "") == 1
+    assert devices.nvml_index(0, "3,1") == 3
+    assert devices.nvml_index(1, "3, 1") == 1
+    assert devices.nvml_index(0, "GPU-abc,MIG-def") == "GPU-abc"
     with pytest.raises(ValueError):
-        nvml.nvml_index(2, "0,1")
+        devices.nvml_index(2, "0,1")
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch._functorch.partitioners as partitioners
 from recompute_models import tiny_lm_workload
 
 from budgettune.errors import SpecError
-from budgettune.trial import block_ac, recompute
+from budgettune.trial import block_ac, recompute, saved_activations
 from budgettune.trial.spec import TrialRun, TrialSpec
 
 CPU = torch.device("cpu")
@@ -24,7 +24,7 @@ def saved_stats(workload=None, **knobs) -> tuple[int, int]:
     torch._dynamo.reset()
     workload = workload or tiny_lm_workload(layers=2)
     step = recompute.prepare(workload, TrialSpec(**{**FAST, **knobs}), CPU)
-    stats = recompute.saved_activation_stats(step)
+    stats = saved_activations.saved_activation_stats(step)
     print(f"saved activations {knobs}: {stats[0]} tensors, {stats[1]} bytes")
     return stats
 

@@ -176,7 +176,7 @@ def check_count(flag: str, value: int) -> None:
 
 def default_device(workload: str) -> str:
     """A built-in's own device, else CUDA when NVML sees a GPU, else CPU."""
-    from budgettune.trial.launcher import cuda_device_count
+    from budgettune.trial.devices import cuda_device_count
     from budgettune.workload import builtin_workload
 
     if workload.startswith("builtin:"):

@@ -7,6 +7,7 @@ from typing import Any
 from rich.text import Text
 
 from budgettune.cli.app import stderr
+from budgettune.units import format_bytes
 
 
 class SearchProgress:
@@ -50,8 +51,6 @@ class SearchProgress:
             self.progress.stop()
 
     def trial_done(self, event: Any) -> None:
-        from budgettune.units import format_bytes
-
         m = event.result.measurement
         # the peak the limit is on: a device peak beside an "allocated" limit read as over it
         metric = event.mem_metric

@@ -128,7 +128,8 @@ def trial(
     ] = False,
 ) -> None:
     """Measure one recompute configuration in a fresh process: real peak memory and step time."""
-    from budgettune.trial.launcher import check_device_available, check_ops_exist, launch_trial
+    from budgettune.trial.devices import check_device_available
+    from budgettune.trial.launcher import check_ops_exist, launch_trial
     from budgettune.trial.spec import TrialRun, TrialSpec
     from budgettune.workload import check_reference
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import optuna
 
+from budgettune.errors import first_line
 from budgettune.search.space import SearchSpace
 from budgettune.storage.trials import (
     BASELINE_ATTR,
@@ -69,8 +70,7 @@ _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
 
 def error_shape(error: str) -> str:
     """An error's shape: its first line with numbers and addresses replaced by ``N``."""
-    first = error.strip().splitlines()[0] if error.strip() else ""
-    return _NUMBERS.sub("N", first)
+    return _NUMBERS.sub("N", first_line(error))
 
 
 def knob_values(spec: Mapping[str, Any]) -> list[tuple[str, Any]]:

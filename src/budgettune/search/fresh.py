@@ -3,11 +3,11 @@ every device the search was given.
 
 Each run is a fresh child process like a trial. With ``--gpus 0,1,...`` the runs of a batch go
 to every listed GPU at once, one run per GPU at a time (the rule trials follow), instead of all
-to the first one: on two H200s the serial re-verification was about half of a 16-trial study's
-wall time. On one device (or the CPU) they run one after another. Each result is handed to the
-caller's ``finish`` (numerics check, storage write) in the calling thread, in the order the runs
-were asked for, as soon as it and the ones before it are in: a search cut off mid-way keeps the
-runs it finished, and the next one reuses them (`Searcher.fresh_batch`).
+to the first one (benchmarks/results/README.md#fresh-runs-on-every-gpu). On one device (or the
+CPU) they run one after another. Each result is handed to the caller's ``finish`` (numerics
+check, storage write) in the calling thread, in the order the runs were asked for, as soon as it
+and the ones before it are in: a search cut off mid-way keeps the runs it finished, and the next
+one reuses them (`Searcher.fresh_batch`).
 """
 
 from __future__ import annotations

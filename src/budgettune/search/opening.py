@@ -5,6 +5,7 @@ and a copy of a trial that an interrupt or a file system fault stopped)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -13,7 +14,14 @@ from budgettune import storage as storage_mod
 from budgettune.errors import UsageError
 from budgettune.search.space import spec_params
 from budgettune.search.spec import SearchSpec
-from budgettune.search.study import baseline_specs, make_sampler, study_attrs
+from budgettune.search.study import (
+    HIGH_BUDGET,
+    HIGH_BUDGET_RETRY,
+    baseline_specs,
+    high_budget_retry,
+    make_sampler,
+    study_attrs,
+)
 from budgettune.search.target import retried_numbers
 from budgettune.storage.user_attrs import (
     BASELINE_ATTR,
@@ -39,6 +47,18 @@ def enqueue_baseline(study: optuna.Study, search: SearchSpec, label: str, spec: 
         spec_params(spec, search.space),
         user_attrs=TrialRecord(baseline=label, enqueued_spec=spec).to_attrs(),
     )
+
+
+def retry_high_budget(
+    study: optuna.Study, search: SearchSpec, notice: Callable[[str], None]
+) -> None:
+    """The high-budget probe crashed: queue it at the user's own values (once: the retry
+    has a label of its own), so a leanest value the workload cannot take does not cost
+    the study its look at the high budgets (`study.high_budget_retry`)."""
+    spec = high_budget_retry(search)
+    if spec is not None:
+        enqueue_baseline(study, search, HIGH_BUDGET_RETRY, spec)
+        notice(f"the {HIGH_BUDGET} probe crashed; measuring it again as given ({spec.describe()})")
 
 
 def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -68,8 +88,22 @@ def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     )
 
 
+def stored_trial(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, number: int
+) -> optuna.trial.FrozenTrial:
+    """Trial ``number`` of ``study`` as the storage holds it now (not the study's cache)."""
+    return storage.get_trial(_trial_id(study, storage, number))
+
+
+def _trial_id(study: optuna.Study, storage: optuna.storages.BaseStorage, number: int) -> int:
+    """The storage's id of trial ``number``, through the storage's public lookups (Optuna
+    keeps the id private on its trial objects)."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
 def requeue_unfinished(
-    study: optuna.Study, storage: optuna.storages.BaseStorage, trial_id: int
+    study: optuna.Study, storage: optuna.storages.BaseStorage, number: int
 ) -> bool:
     """`requeue` the trial this process was running when an interrupt or a file system fault
     stopped it before its result was in.
@@ -81,6 +115,7 @@ def requeue_unfinished(
     Returns:
         Whether a copy was queued.
     """
+    trial_id = _trial_id(study, storage, number)
     trial = storage.get_trial(trial_id)
     if trial.state == optuna.trial.TrialState.RUNNING:
         storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)

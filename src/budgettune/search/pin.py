@@ -372,7 +372,7 @@ def nothing_measured_error(searcher: PinSteps) -> NothingMeasuredError | None:
 
 def margin_advice(peak_bytes: int, search: SearchSpec) -> str:
     """Said when the smallest peak is under the limit itself and only the margin keeps it out
-    (a limit defined as 1.02 x a measured peak, searched with the default 2 % margin)."""
+    (a limit set at 1.02 x a measured peak, searched with the default 3 % margin)."""
     if search.margin <= 0 or peak_bytes > search.max_mem_bytes:
         return ""
     return (

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import optuna
 import optuna_dashboard
 
-from budgettune.errors import StorageError, StudyNotFoundError
+from budgettune.errors import StorageError, StudyNotFoundError, one_line
 from budgettune.pinning import PinDocument
 from budgettune.present.dashboard_views import (
     PLOT_ID,
@@ -97,6 +97,5 @@ def refresh_views(storage: ViewStore, study_name: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the views are a nicety; the search must go on
         # One line: a storage outage also stops the search right after, with its own line;
         # the traceback is there for `--debug`.
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        logger.warning("could not refresh the dashboard views: %s", reason)
+        logger.warning("could not refresh the dashboard views: %s", one_line(exc))
         logger.debug("dashboard views traceback", exc_info=True)

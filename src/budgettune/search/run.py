@@ -8,9 +8,10 @@ from budgettune import storage as storage_mod
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import SearchObserver, SearchOutcome
-from budgettune.search.workers import check_gpus, gpu_groups, run_gpu_workers
+from budgettune.search.workers import check_gpus, gpu_groups, group_device, run_gpu_workers
 from budgettune.storage.coordination import creation_lock, database_errors
-from budgettune.trial.launcher import check_device_available, check_ops_exist
+from budgettune.trial.devices import check_device_available
+from budgettune.trial.launcher import check_ops_exist
 from budgettune.workload import check_reference
 
 
@@ -50,13 +51,10 @@ def run_search(
         store = storage_mod.open_storage(
             search.storage_url, heartbeat_interval_s=HEARTBEAT_INTERVAL_S
         )
-    searcher = Searcher(search, store, observer)
     # re-measurements spread over the same device slots as the workers: one GPU, or one
     # group of --nproc-per-node GPUs, per fresh run
-    searcher.devices = tuple(
-        "cuda:" + ",".join(map(str, group))
-        for group in (gpu_groups(gpus, search.nproc_per_node) if gpus else ())
-    )
+    devices = [group_device(group) for group in gpu_groups(gpus, search.nproc_per_node)]
+    searcher = Searcher(search, store, observer, devices=devices)
     if search.num_trials == 0:
         # only re-verify and pin: no trial here, no worker, not even one re-queued from a
         # process that died, and the study's target as it was (other workers may be on it)
@@ -64,7 +62,9 @@ def run_search(
         trials_run = 0
     elif gpus:
         searcher.observer.started(search.study_name, search.num_trials)
-        trials_run = run_gpu_workers(searcher, gpus)
+        trials_run = run_gpu_workers(
+            searcher, gpus, search=search, storage_url=store.url, observer=searcher.observer
+        )
     else:
         searcher.observer.started(search.study_name, search.num_trials)
         searcher.run_trials()

@@ -15,7 +15,6 @@ This module never prints: progress goes to a callback the CLI renders.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import socket
 import time
@@ -39,7 +38,12 @@ from budgettune.pinning import (
 from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
-from budgettune.search.opening import enqueue_baseline, open_study, requeue_unfinished
+from budgettune.search.opening import (
+    open_study,
+    requeue_unfinished,
+    retry_high_budget,
+    stored_trial,
+)
 from budgettune.search.opening_plan import plan_opening, sampling_space
 from budgettune.search.pin import pin_study
 from budgettune.search.publish import refresh_views
@@ -47,13 +51,11 @@ from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
     HIGH_BUDGET,
-    HIGH_BUDGET_RETRY,
     SearchObserver,
     TrialEvent,
     TrialFailed,
-    high_budget_retry,
 )
-from budgettune.search.target import NextStep, TrialCount, count_trials
+from budgettune.search.target import NextStep, TrialCount, study_count
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
@@ -89,6 +91,7 @@ class Searcher:
         store: storage_mod.Storage,
         observer: SearchObserver | None = None,
         *,
+        devices: Sequence[str] = (),
         add_trials: bool = True,
     ) -> None:
         """Open the study.
@@ -97,6 +100,9 @@ class Searcher:
             search: the whole search.
             store: the open storage.
             observer: receives progress.
+            devices: the device slots re-measurements spread over (``cuda:N``, or
+                ``cuda:N,M`` for a sharded trial's group, per worker of ``--gpus``); empty:
+                one at a time on ``search.device``.
             add_trials: create the study if missing and raise its target by
                 ``search.num_trials`` (``search``); False only joins it (``worker``).
         """
@@ -109,14 +115,16 @@ class Searcher:
         self.done = 0
         self.total = search.num_trials
         self.abort: BudgettuneError | None = None
-        self.running_trial_id: int | None = None
-        self.devices: tuple[str, ...] = ()
-        """Device slots re-measurements spread over (``cuda:N`` per ``--gpus`` entry)."""
+        self.running_trial: int | None = None
+        """The number of the trial this process is running, while it runs."""
+        self.devices = tuple(devices)
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
         try:
             with database_errors(store.url):
-                self.study, created = self._open_study(add_trials)
+                self.study, created = open_study(
+                    search, store, create=add_trials, heartbeat_s=self.heartbeat_s
+                )
                 if add_trials and search.num_trials > 0:  # --trials 0 leaves the target be
                     # A new study's baselines are part of its first --trials; on a resumed
                     # study, baselines still queued are not "before": --trials N runs N.
@@ -127,30 +135,15 @@ class Searcher:
             self.claim.release()
 
     # -- study ---------------------------------------------------------------------------
-    def _open_study(self, create: bool) -> tuple[optuna.Study, bool]:
-        """Create the study (attrs, baselines) or load it; called under the claim lock."""
-        return open_study(self.search, self.store, create=create, heartbeat_s=self.heartbeat_s)
-
     @property
     def heartbeat_s(self) -> int:
         """The trial heartbeat of this process's storage."""
         return int(self.store.optuna_storage.heartbeat_interval or HEARTBEAT_INTERVAL_S)
 
-    def target(self) -> int:
-        """The study's trial target (a study made before targets: what it has)."""
-        stored = self.study.user_attrs.get(TARGET_ATTR)
-        return int(stored) if stored is not None else len(self.study.trials)
-
     def count(self) -> TrialCount:
         """The study against its target (call under the claim lock for a decision)."""
-        grace_s = 2 * (self.store.optuna_storage.heartbeat_interval or HEARTBEAT_INTERVAL_S)
-        alive_after = datetime.datetime.now() - datetime.timedelta(
-            seconds=self.search.trial_timeout_s + 2 * grace_s
-        )
-        return count_trials(
-            self.study.get_trials(deepcopy=False),
-            target=self.target(),
-            alive_after=alive_after,
+        return study_count(
+            self.study, trial_timeout_s=self.search.trial_timeout_s, heartbeat_s=self.heartbeat_s
         )
 
     def reference(self) -> dict[str, float] | None:
@@ -174,7 +167,7 @@ class Searcher:
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
         self.claim.release()
-        self.running_trial_id = trial._trial_id
+        self.running_trial = trial.number
         trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{self.search.device}")
         spec = self.spec_for(trial)
         try:
@@ -212,7 +205,7 @@ class Searcher:
             if result.outcome is TrialOutcome.CRASHED:
                 remember_crashes(self.study, self.observer.notice)
                 if trial.user_attrs.get(BASELINE_ATTR) == HIGH_BUDGET:
-                    self.retry_high_budget()
+                    retry_high_budget(self.study, self.search, self.observer.notice)
             if result.failed_stage == "workload":
                 # Every configuration would fail alike (on a GPU a build can take minutes).
                 self.abort = WorkloadFailedError(
@@ -236,29 +229,13 @@ class Searcher:
         assert result.measurement is not None
         return result.measurement.step_time_ms
 
-    def retry_high_budget(self) -> None:
-        """The high-budget probe crashed: queue it at the user's own values (once: the retry
-        has a label of its own), so a leanest value the workload cannot take does not cost
-        the study its look at the high budgets (`study.high_budget_retry`)."""
-        spec = high_budget_retry(self.search)
-        if spec is not None:
-            enqueue_baseline(self.study, self.search, HIGH_BUDGET_RETRY, spec)
-            self.observer.notice(
-                f"the {HIGH_BUDGET} probe crashed; measuring it again as given ({spec.describe()})"
-            )
-
     def _below_steady(self, result: TrialResult) -> bool:
         """A limit under params + grads + optimizer state: stop the study, keep the trial."""
-        m = result.measurement
-        assert m is not None
-        if m.steady_bytes >= self.search.max_mem_bytes:
-            self.abort = UsageError(
-                f"--max-mem {format_bytes(self.search.max_mem_bytes)} is below the workload's "
-                f"steady memory {format_bytes(m.steady_bytes)} (parameters + gradients + "
-                "optimizer state): no recompute setting can fit; raise the limit"
-            )
-            return True
-        return False
+        assert result.measurement is not None
+        error = _steady_error(self.search.max_mem_bytes, result.measurement.steady_bytes)
+        if error is not None:
+            self.abort = error
+        return error is not None
 
     def _store(self, number: int | None, kind: str, spec: TrialSpec, result: TrialResult) -> None:
         digest = None
@@ -339,22 +316,22 @@ class Searcher:
         heartbeat missed, e.g. a host paused); Optuna then refuses to tell it (`ValueError`).
         The measurement is already stored; the trial is re-run, so the loop goes on.
         """
-        self.running_trial_id = None
+        self.running_trial = None
         try:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
         except (KeyboardInterrupt, TrialInfrastructureError):
-            if self.running_trial_id is not None:  # not its configuration's fault: run it again
-                requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial_id)
+            if self.running_trial is not None:  # not its configuration's fault: run it again
+                requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial)
             raise
         except ValueError:
-            trial_id = self.running_trial_id
-            if trial_id is None:
+            number = self.running_trial
+            if number is None:
                 raise
-            frozen = self.store.optuna_storage.get_trial(trial_id)
+            frozen = stored_trial(self.study, self.store.optuna_storage, number)
             if frozen.state != optuna.trial.TrialState.FAIL:
                 raise
             self.observer.notice(
-                f"trial {frozen.number} was failed by another process's stale-trial check "
+                f"trial {number} was failed by another process's stale-trial check "
                 "while it ran here (a missed heartbeat); its measurement is kept and the "
                 "trial is re-run"
             )
@@ -367,13 +344,9 @@ class Searcher:
         """Refuse a limit below the steady memory some earlier trial measured."""
         for trial in self.study.get_trials(deepcopy=False):
             steady = trial.user_attrs.get("steady_bytes")
-            if steady is not None and steady >= self.search.max_mem_bytes:
-                raise UsageError(
-                    f"--max-mem {format_bytes(self.search.max_mem_bytes)} is below the "
-                    f"workload's steady memory {format_bytes(steady)} (parameters + gradients "
-                    "+ optimizer state, measured in trial "
-                    f"{trial.number}): no recompute setting can fit; raise the limit"
-                )
+            error = _steady_error(self.search.max_mem_bytes, steady, trial=trial.number)
+            if error is not None:
+                raise error
 
     def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
         """Measure each job ``--reverify`` times in fresh processes (over every device of
@@ -411,3 +384,18 @@ class Searcher:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`); returns
         the pin's JSON document."""
         return pin_study(self).to_json_dict()
+
+
+def _steady_error(
+    limit: int, steady: int | None, *, trial: int | None = None
+) -> UsageError | None:
+    """The error for a limit under the workload's steady memory (parameters + gradients +
+    optimizer state, which no recompute setting changes); None when the limit is above it."""
+    if steady is None or steady < limit:
+        return None
+    where = "" if trial is None else f", measured in trial {trial}"
+    return UsageError(
+        f"--max-mem {format_bytes(limit)} is below the workload's steady memory "
+        f"{format_bytes(steady)} (parameters + gradients + optimizer state{where}): no "
+        "recompute setting can fit; raise the limit"
+    )

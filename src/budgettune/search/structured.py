@@ -2,8 +2,8 @@
 
 A hand grid's winner is usually a structured point (checkpoint every 2nd block, the fused
 optimizer), and a sampler spread over a wide space (a continuous budget, solvers, op toggles,
-strides, policies, optimizers, allocators) pairs them late: 12 trials of TPE pinned 7 % behind
-such a point on a transformers decoder, or 1.8 %, depending on its seed. So a study of
+strides, policies, optimizers, allocators) pairs them late
+(benchmarks/results/README.md#structured-opening). So a study of
 `STRUCTURED_MIN_TRIALS` trials or more opens with:
 
 1. **settle probes**: each free choice that often wins on both axes (the fused optimizer,

@@ -147,12 +147,7 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
     searched knobs' leanest settings (`_leanest`):
     the budget->peak map is not monotone, and 0.5 is often the worse of the two on memory
     *and* time, so when 1.0 and 0.5 both miss the limit the sampler would otherwise take the
-    whole high-budget range for infeasible. Measured on one H200 (torch 2.11,
-    ``benchmarks/results/*-h200.jsonl``): Llama-1B B=4 at 0.7-0.9 peaked 1.0 GB under 0.5 as
-    written (17.97 vs 19.02 GB) and 0.05 GB under it with fused AdamW (16.49 vs 16.54 GB),
-    4-6 % faster; ViT-B/16 0.7 peaked 0.05 GB under 0.5, 6 % faster. A study without the
-    point (``tuner-L4-m0``, limit = fused 0.5's peak) never sampled a budget above 0.5
-    without block AC again, and pinned a configuration 7 % slower than fused 0.9.
+    whole high-budget range for infeasible (benchmarks/results/README.md#high-budget-probe).
     """
     fixed = search.space.fixed
     base = as_given(search)
@@ -205,15 +200,10 @@ def high_budget_retry(search: SearchSpec) -> TrialSpec | None:
 
 def _leanest(search: SearchSpec) -> dict[str, str]:
     """The least-memory values of the searched knobs that cost no step time, for the
-    high-budget probe: the fused optimizer (no foreach temporaries; on Llama-1B B=4, fused
-    budget 0.8 peaked 1.5 GB under AdamW as written, 13 % faster) and expandable segments (no
-    fragmentation), each where the space searches it. An infeasible probe then says the
-    high-budget range does not fit, not that the allocator fragmented: Llama-1B at B=64 on an
-    H200, fused budget 0.7 peaked at 126.93 GB without expandable segments and 115.61 GB with
-    them (964.2 and 962.6 ms, ``llama-b64-h200.jsonl``); the L5 search that sampled 0.81
-    without them only (over its 120 GB) never went back to the range, and pinned 2.6 % behind
-    that grid point; searched again with this probe (``tuner-L5-m0-lean``), it fitted at once
-    and the search pinned fused budget 0.77 + expandable segments, that point's peak to the MB.
+    high-budget probe: the fused optimizer (no foreach temporaries) and expandable segments
+    (no fragmentation), each where the space searches it. An infeasible probe then says the
+    high-budget range does not fit, not that the allocator fragmented
+    (benchmarks/results/README.md#leanest-values).
     """
     space, lean = search.space, {}
     if "optimizer_impl" not in space.fixed and "fused" in space.optimizer_impls:

@@ -23,7 +23,7 @@ from enum import Enum
 
 import optuna
 
-from budgettune.storage.user_attrs import RETRY_HISTORY_ATTR
+from budgettune.storage.user_attrs import RETRY_HISTORY_ATTR, TARGET_ATTR
 
 TrialState = optuna.trial.TrialState
 
@@ -110,3 +110,15 @@ def count_trials(
         waiting=sum(t.state == TrialState.WAITING for t in counted),
         running=len(running),
     )
+
+
+def study_count(study: optuna.Study, *, trial_timeout_s: float, heartbeat_s: float) -> TrialCount:
+    """Count ``study``'s trials against its stored target (a study made before targets: what
+    it has); a trial that started longer ago than its timeout plus twice the stale-trial grace
+    (two heartbeats) cannot still be running. Call under the claim lock for a decision."""
+    stored = study.user_attrs.get(TARGET_ATTR)
+    target = int(stored) if stored is not None else len(study.trials)
+    alive_after = datetime.datetime.now() - datetime.timedelta(
+        seconds=trial_timeout_s + 2 * (2 * heartbeat_s)
+    )
+    return count_trials(study.get_trials(deepcopy=False), target=target, alive_after=alive_after)

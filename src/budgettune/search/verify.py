@@ -15,7 +15,8 @@ from typing import Any
 
 from budgettune.errors import PinNoLongerFitsError, WorkloadMismatchError
 from budgettune.pinning import PinnedConfig, load_pinned
-from budgettune.trial.launcher import check_device_available, launch_trial
+from budgettune.trial.devices import check_device_available
+from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialRun
 from budgettune.units import format_bytes

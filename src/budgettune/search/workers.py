@@ -1,7 +1,9 @@
 """Workers: join a study and run its trials up to the target; one worker per GPU for ``--gpus``.
 
     run_worker(WorkerJob(study_name="tiny-gpt-cpu-125MB-device", storage_url=url))
-    run_gpu_workers(searcher, [0, 1, 2, 3])     # `budgettune search --gpus 0,1,2,3`
+    run_gpu_workers(searcher, [0, 1, 2, 3], search=search, storage_url=url, observer=observer)
+
+(the second is `budgettune search --gpus 0,1,2,3`).
 
 A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
 it), so it needs only the study name and the storage. Each worker runs one trial at a time on
@@ -20,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import optuna
 
@@ -34,10 +37,11 @@ from budgettune.errors import (
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec, check_study_name
 from budgettune.search.study import SearchObserver
+from budgettune.search.target import TrialCount
 from budgettune.storage.coordination import database_errors
 from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
-from budgettune.trial.launcher import check_device_available, cuda_device_count, die_with_parent
-from budgettune.trial.processes import interrupts_kept
+from budgettune.trial.devices import check_device_available, cuda_device_count
+from budgettune.trial.processes import spawn
 from budgettune.trial.spec import DEVICE_PATTERN
 from budgettune.workload import check_reference
 
@@ -239,11 +243,37 @@ def worker_command(
     ]  # fmt: skip
 
 
-def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
+class StudyWatch(Protocol):
+    """What `run_gpu_workers` reads of the study while its workers run (a `Searcher`)."""
+
+    def count(self) -> TrialCount:
+        """The study against its target."""
+        ...
+
+    def best_feasible_ms(self) -> float | None:
+        """The fastest feasible step time so far."""
+        ...
+
+
+def run_gpu_workers(
+    study: StudyWatch,
+    gpus: Sequence[int],
+    *,
+    search: SearchSpec,
+    storage_url: str,
+    observer: SearchObserver,
+) -> int:
     """Run one worker process per GPU (per group of ``nproc_per_node`` GPUs for sharded
     trials) until the study's target is met; wait for all.
 
     Their output goes to ``<runs_dir>/<study>/workers/cuda<N>.log`` (``cuda<N>_<M>.log``).
+
+    Args:
+        study: the study's progress, read while the workers run.
+        gpus: the GPU indices.
+        search: the search the workers join (its study name, runs folder and ranks).
+        storage_url: the study's storage, handed to the workers in `STORAGE_ENV`.
+        observer: told how many trials finished.
 
     Returns:
         Trials finished while they ran.
@@ -253,10 +283,10 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
         TrialInfrastructureError: the workers' log folder cannot be made.
         KeyboardInterrupt: after each worker was interrupted (its trial queued again).
     """
-    url = searcher.store.url
-    with database_errors(url):
-        start = searcher.count()
-    log_dir = searcher.runs_dir / "workers"
+    with database_errors(storage_url):
+        start = study.count()
+    runs_dir = Path(search.runs_dir).resolve()
+    log_dir = runs_dir / search.study_name / "workers"
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -264,39 +294,30 @@ def run_gpu_workers(searcher: Searcher, gpus: Sequence[int]) -> int:
             f"cannot make the workers' log folder {log_dir} ({exc.strerror}); check --runs-dir "
             "and the free space on its disk"
         ) from exc
-    env = {**os.environ, STORAGE_ENV: url}
+    env = {**os.environ, STORAGE_ENV: storage_url}
     workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
-        for group in gpu_groups(gpus, searcher.search.nproc_per_node):
+        for group in gpu_groups(gpus, search.nproc_per_node):
             gpu = group_device(group)
             log_path = log_dir / f"cuda{'_'.join(map(str, group))}.log"
-            with open(log_path, "ab") as log_file, interrupts_kept():
-                process = subprocess.Popen(
-                    worker_command(
-                        study_name=searcher.search.study_name,
-                        gpu=group,
-                        runs_dir=Path(searcher.search.runs_dir).resolve(),
-                    ),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
+            with open(log_path, "ab") as log_file:
+                process = spawn(
+                    worker_command(study_name=search.study_name, gpu=group, runs_dir=runs_dir),
+                    output=log_file,
                     env=env,
-                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 )
                 workers.append((gpu, process, log_path))
         while any(process.poll() is None for _, process, _ in workers):
             time.sleep(PROGRESS_POLL_S)
-            with database_errors(url):
-                now = searcher.count()
-                searcher.observer.trials_finished(
-                    now.finished - start.finished, searcher.best_feasible_ms()
-                )
+            with database_errors(storage_url):
+                now = study.count()
+                observer.trials_finished(now.finished - start.finished, study.best_feasible_ms())
     except BaseException:
         _stop(workers)
         raise
-    with database_errors(url):
-        end = searcher.count()
-    searcher.observer.trials_finished(end.finished - start.finished, searcher.best_feasible_ms())
+    with database_errors(storage_url):
+        end = study.count()
+    observer.trials_finished(end.finished - start.finished, study.best_feasible_ms())
     failed = [
         (gpu, process.returncode, log) for gpu, process, log in workers if process.returncode
     ]

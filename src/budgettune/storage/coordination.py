@@ -25,9 +25,9 @@ from sqlalchemy.pool import NullPool
 from budgettune.errors import StorageError
 from budgettune.storage.engine import (
     display_url,
+    driver_line,
     engine_kwargs,
     normalize_url,
-    one_line,
     sqlite_file,
 )
 
@@ -165,7 +165,7 @@ def database_errors(url: str) -> Iterator[None]:
         cause = _database_cause(exc)
         if cause is None:
             raise
-        raise StorageError(f"storage {display_url(url)}: {one_line(cause)}") from None
+        raise StorageError(f"storage {display_url(url)}: {driver_line(cause)}") from None
 
 
 def _database_cause(exc: BaseException) -> BaseException | None:

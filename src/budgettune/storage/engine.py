@@ -15,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from budgettune.errors import StorageError
+from budgettune.errors import StorageError, one_line
 
 DEFAULT_SQLITE_FILE = "budgettune.db"
 SQLITE_BUSY_TIMEOUT_S = 60
@@ -68,8 +68,9 @@ def _parse(text: str) -> URL:
             "use sqlite:///FILE or postgresql://USER@HOST/DB"
         ) from None
     except (ArgumentError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StorageError(f"malformed storage URL {_mask_unparsed(text)}: {reason}") from None
+        raise StorageError(
+            f"malformed storage URL {_mask_unparsed(text)}: {one_line(exc)}"
+        ) from None
     return url
 
 
@@ -174,16 +175,14 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def connect_error(url: str, exc: DBAPIError) -> StorageError:
     """A one-line `StorageError` for a failed connection (password masked)."""
-    return StorageError(f"cannot connect to {display_url(url)}: {one_line(exc)}")
+    return StorageError(f"cannot connect to {display_url(url)}: {driver_line(exc)}")
 
 
-def one_line(exc: BaseException) -> str:
-    """The first non-empty line of a (driver) error message."""
+def driver_line(exc: BaseException) -> str:
+    """The first line of a database error: the driver's own message, where SQLAlchemy
+    wrapped one (`errors.one_line`)."""
     inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    for line in str(inner).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(inner).__name__
+    return one_line(inner)
 
 
 def check_connection(engine: Engine, url: str) -> None:

@@ -19,9 +19,9 @@ from budgettune.storage.engine import (
     check_connection,
     create_engine,
     display_url,
+    driver_line,
     engine_kwargs,
     normalize_url,
-    one_line,
     sqlite_file,
     use_wal,
 )
@@ -177,7 +177,7 @@ def _storage_errors(shown: str) -> Iterator[None]:
     try:
         yield
     except DBAPIError as exc:
-        raise StorageError(f"storage {shown}: {one_line(exc)}") from None
+        raise StorageError(f"storage {shown}: {driver_line(exc)}") from None
 
 
 def _refuse_foreign(engine: Engine, shown: str) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from budgettune.errors import StorageError
-from budgettune.storage.engine import display_url, one_line
+from budgettune.storage.engine import display_url, driver_line
 from budgettune.storage.models import (
     MEASUREMENT_KINDS,
     MeasurementRow,
@@ -83,7 +83,7 @@ class Storage:
         except IntegrityError:
             raise
         except DBAPIError as exc:
-            raise StorageError(f"storage {self.display_url}: {one_line(exc)}") from exc
+            raise StorageError(f"storage {self.display_url}: {driver_line(exc)}") from exc
 
     def study_names(self) -> list[str]:
         """Names of the Optuna studies in this storage, sorted."""

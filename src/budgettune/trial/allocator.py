@@ -1,10 +1,11 @@
 """The CUDA caching allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``), in a trial and in a job.
 
-The setting is part of the measured configuration: the L5 pin (B=64, budget 0.77, fused AdamW)
-peaked 11 GB lower with ``expandable_segments:True`` than without it in the same job
-(`benchmarks/results/README.md`). torch reads ``PYTORCH_CUDA_ALLOC_CONF`` once, when it loads
-its allocator config, which is at ``import torch`` on torch 2.13 (seen here: a variable set after
-the import never reaches ``torch._C._accelerator_getAllocatorSettings()``). So:
+The setting is part of the measured configuration: a pin peaked 11 GB lower with
+``expandable_segments:True`` than without it in the same job
+(benchmarks/results/README.md#allocator-setting). torch reads ``PYTORCH_CUDA_ALLOC_CONF`` once,
+when it loads its allocator config, which is at ``import torch`` on torch 2.13 (seen here: a
+variable set after the import never reaches ``torch._C._accelerator_getAllocatorSettings()``).
+So:
 
 - before torch is imported, the environment variable is enough (the trial child sets it there);
 - once torch is imported, the settings are changed through torch's setter

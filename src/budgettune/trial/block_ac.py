@@ -1,4 +1,6 @@
-"""Classic per-block activation checkpointing: full, or torchtitan's selective "op" policy.
+"""Classic per-block activation checkpointing: full, or torchtitan's selective "op" policy
+(its ``SelectiveAC`` at `TORCHTITAN_COMMIT`; which figures were measured with the older one:
+benchmarks/results/README.md#op-policy-version).
 
 The block's instance ``forward`` is wrapped in non-reentrant `torch.utils.checkpoint`, so the
 module tree and state_dict keys do not change; torch is imported at call time.
@@ -6,8 +8,7 @@ module tree and state_dict keys do not change; torch is imported at call time.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError
@@ -18,35 +19,92 @@ if TYPE_CHECKING:
 _BLOCK_AC_MARK = "_budgettune_block_ac"
 
 
+TORCHTITAN_COMMIT = "c5d93d1098fe5f6f9b4fe6870b4e3d590ffa9cdf"
+"""The torchtitan commit whose ``SelectiveAC`` the "op" policy follows: "Refactor activation
+checkpointing into a policy class hierarchy" (#3674, 2026-06-15), still current at b5bcd76
+(2026-08-21), in ``torchtitan/distributed/activation_checkpoint.py``."""
+
+_TORCHTITAN_SAVE_OPS: tuple[tuple[str, str], ...] = (
+    # compute: SDPA variants, max (the absmax of low-precision scaling), flex attention,
+    # linear, topk (kept stable between forward and recompute), compiled regions, varlen
+    ("aten", "_scaled_dot_product_cudnn_attention.default"),
+    ("aten", "_scaled_dot_product_attention_math.default"),
+    ("aten", "_scaled_dot_product_fused_attention_overrideable.default"),
+    ("aten", "max.default"),
+    ("higher_order", "flex_attention"),
+    ("aten", "linear.default"),
+    ("aten", "topk.default"),
+    ("higher_order", "inductor_compiled_code"),
+    ("ops", "torch_attn._varlen_attn.default"),
+    # communication: saved so the recompute does not communicate again
+    ("ops", "_c10d_functional.reduce_scatter_tensor.default"),
+    ("ops", "_c10d_functional.all_to_all_single.default"),
+    ("ops", "deepep.dispatch.default"),
+    ("ops", "deepep.combine.default"),
+    ("ops", "hybridep.dispatch.default"),
+    ("ops", "hybridep.combine.default"),
+    # not torchtitan's: the CPU kernel of the attention it saves on GPU (CPU trials alike)
+    ("aten", "_scaled_dot_product_flash_attention_for_cpu.default"),
+)
+"""torchtitan's ``_get_default_save_ops`` beyond the partitioner's compute-intensive ops, as
+(root, dotted path); an op this torch (or its extensions) lacks is skipped, as there."""
+
+
+def torchtitan_save_ops() -> set[Any]:
+    """The ops whose outputs torchtitan's ``SelectiveAC`` saves (`TORCHTITAN_COMMIT`): the
+    partitioner's compute-intensive ops (mm, addmm, bmm, attention, convolution, ...) and
+    `_TORCHTITAN_SAVE_OPS` that exist here."""
+    import torch
+    from torch._functorch.partitioners import get_default_op_list
+
+    roots: dict[str, Any] = {
+        "aten": torch.ops.aten,
+        "ops": torch.ops,
+        "higher_order": torch._higher_order_ops,
+    }
+    intensive: Iterable[Any] = get_default_op_list().compute_intensive_ops
+    save: set[Any] = {op.default for op in intensive}
+    for root, path in _TORCHTITAN_SAVE_OPS:
+        obj = roots[root]
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except (AttributeError, RuntimeError):  # not registered in this torch
+            continue
+        save.add(obj)
+    return save
+
+
 def _torchtitan_op_policy() -> Callable[..., Any]:
-    """torchtitan's selective-AC "op" policy: save matmul/attention/max/reduce-scatter outputs,
-    recompute the rest, and recompute every second mm (counted per checkpointed block call)."""
+    """torchtitan's ``SelectiveAC`` policy (`TORCHTITAN_COMMIT`): save `torchtitan_save_ops`
+    and a CUDA-to-CPU copy's result, recompute the rest, and recompute every second mm or
+    linear (counted per checkpointed block call, forward and recompute apart).
+
+    Not followed: ``force_recompute_mm_shapes_by_fqns`` (its default names torchtitan's own
+    MoE router gates, ``moe.router.gate``; no other model has them) and disabling dynamo's LRU
+    cache (a workaround for pipeline parallelism with flex attention).
+    """
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
 
     aten = torch.ops.aten
-    save = {aten.mm.default, aten.max.default}
-    for name in (
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-    ):
-        packet = getattr(aten, name, None)
-        if packet is not None:
-            save.add(packet.default)
-    c10d = getattr(torch.ops, "_c10d_functional", None)
-    reduce_scatter = getattr(c10d, "reduce_scatter_tensor", None) if c10d else None
-    if reduce_scatter is not None:
-        save.add(reduce_scatter.default)
-    mm_counts: defaultdict[str, int] = defaultdict(int)
+    save = torchtitan_save_ops()
+    mm_ops = (aten.mm.default, aten.linear.default)
+    mm_counts = {"forward": 0, "recompute": 0}
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
-        if func == aten.mm.default:
-            mm_counts[key] += 1
-        to_save = func in save and not (func == aten.mm.default and mm_counts[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+        if (
+            func == aten._to_copy.default
+            and "cuda" in str(args[0].device)
+            and str(kwargs.get("device")) == "cpu"
+        ):
+            return CheckpointPolicy.MUST_SAVE  # a device-to-host sync is not repeated
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in mm_ops:
+            mm_counts[mode] += 1
+        if func in save and not (func in mm_ops and mm_counts[mode] % 2 == 0):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
 

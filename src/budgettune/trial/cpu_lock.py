@@ -1,7 +1,7 @@
 """The host's CPU-trial lock: one CPU trial at a time per host, waited for within a limit.
 
-Two CPU trials side by side time each other's contention, not the configuration (449 ms alone
-vs 4.8-5.6 s beside two others, on a 2-core host), so every CPU trial of every worker, search
+Two CPU trials side by side time each other's contention, not the configuration
+(benchmarks/results/README.md#cpu-trial-lock), so every CPU trial of every worker, search
 and `budgettune trial` on a host holds this `flock` while its child runs.
 
 The file sits in the shared temp folder, where any user can put a file or a symbolic link under

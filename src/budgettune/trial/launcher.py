@@ -1,6 +1,6 @@
 """Parent side of one trial: a fresh child process, its log file, a timeout, device pinning.
 
-`launch_trial` writes ``SPEC.json``, runs ``python -m budgettune.trial.worker SPEC.json
+`launch_trial` writes ``SPEC.json``, runs ``python -m budgettune.trial.child SPEC.json
 RESULT.json`` in a new process session (so a timeout kills the whole tree), sends its output to
 ``trial.log`` and turns whatever happened into a `TrialResult`. The parent never imports torch
 and never initialises CUDA: only the child touches the device.
@@ -9,13 +9,11 @@ and never initialises CUDA: only the child touches the device.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import datetime
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,14 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from budgettune.errors import DeviceUnavailableError, SpecError, TrialInfrastructureError
-from budgettune.trial import nvml
+from budgettune.errors import SpecError, TrialInfrastructureError
 from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
-from budgettune.trial.processes import (
-    end_session,
-    interrupts_kept,
-    wait_unreaped,
-)
+from budgettune.trial.devices import visible_device_env
+from budgettune.trial.processes import end_session, spawn, wait_unreaped
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
 from budgettune.trial.results import (
     TrialOutcome,
@@ -49,79 +43,6 @@ SPEC_FILE = "SPEC.json"
 RESULT_FILE = "RESULT.json"
 LOG_FILE = "trial.log"
 DEFAULT_TIMEOUT_S = 900.0
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Child pre-exec hook: SIGKILL this process when the parent dies (Linux only).
-
-    A search killed with SIGKILL must not leave its trial running on the GPU.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def visible_device_env(device: str) -> tuple[str, dict[str, str]]:
-    """Pin a ``cuda:N`` trial to one GPU: the child sees only that GPU, as ``cuda``.
-
-    Args:
-        device: ``cpu``, ``cuda`` or ``cuda:N`` (N counts the GPUs this process may see).
-
-    Returns:
-        The device string for the child and the environment variables to set for it.
-    """
-    if not device.startswith("cuda:"):
-        return device, {}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical = []
-    for index in device_indices(device):
-        if visible is not None and visible.strip():
-            ids = [part.strip() for part in visible.split(",") if part.strip()]
-            if index >= len(ids):
-                raise DeviceUnavailableError(
-                    f"--device {device}: CUDA_VISIBLE_DEVICES={visible} shows only "
-                    f"{len(ids)} GPU(s)"
-                )
-            physical.append(ids[index])
-        else:
-            physical.append(str(index))
-    return "cuda", {"CUDA_VISIBLE_DEVICES": ",".join(physical)}
-
-
-def device_indices(device: str) -> list[int]:
-    """The GPU indices a device names: ``cuda:2`` → [2], ``cuda:0,1`` → [0, 1], ``cuda`` → [0]."""
-    if ":" not in device:
-        return [0]
-    return [int(part) for part in device.split(":", 1)[1].split(",")]
-
-
-def cuda_device_count() -> int:
-    """Number of NVIDIA GPUs NVML sees, without initialising CUDA in this process (0 if none)."""
-    return nvml.device_count()
-
-
-def check_device_available(device: str) -> None:
-    """Fail early, in the parent, when a CUDA device is asked for and not present.
-
-    Raises:
-        DeviceUnavailableError: ``cuda``/``cuda:N`` on a machine without that GPU.
-    """
-    if device == "cpu":
-        return
-    count = cuda_device_count()
-    index = max(device_indices(device))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip():
-        count = min(count, len([p for p in visible.split(",") if p.strip()]))
-    if count == 0:
-        raise DeviceUnavailableError(
-            f"--device {device}: no CUDA GPU on this machine (NVML sees none); use --device cpu"
-        )
-    if index >= count:
-        raise DeviceUnavailableError(
-            f"--device {device}: this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})"
-        )
 
 
 _CHECK_OPS = """
@@ -257,7 +178,7 @@ def _run_child(
     env.update(device_env)
     env.update(extra_env or {})
     env["PYTHONUNBUFFERED"] = "1"
-    command = [sys.executable, "-m", "budgettune.trial.worker", str(spec_path), str(result_path)]
+    command = [sys.executable, "-m", "budgettune.trial.child", str(spec_path), str(result_path)]
     if run.nproc_per_node > 1:
         command = torchrun_command(spec_path, result_path, run.nproc_per_node)
     logger.info("trial %s: %s", folder.name, " ".join(command))
@@ -280,16 +201,7 @@ def _run_child(
         process: subprocess.Popen[bytes] | None = None
         returncode: int | None = None
         try:
-            with interrupts_kept():
-                process = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
-                )
+            process = spawn(command, output=log, env=env, new_session=True)
             if wait_unreaped(process, timeout_s):
                 # its compile workers, when it left without stopping them (`processes`)
                 returncode = end_session(process)
@@ -302,12 +214,15 @@ def _run_child(
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
 
-    common = {"log_path": str(log_path), "wall_s": wall_s}
+    def ended(result: TrialResult) -> TrialResult:
+        return result.replace(log_path=str(log_path), wall_s=wall_s)
+
     if returncode is None:
-        return TrialResult(
-            outcome=TrialOutcome.TIMEOUT,
-            error=f"trial exceeded its {timeout_s:g} s timeout; process tree killed",
-            **common,  # type: ignore[arg-type]
+        return ended(
+            TrialResult(
+                outcome=TrialOutcome.TIMEOUT,
+                error=f"trial exceeded its {timeout_s:g} s timeout; process tree killed",
+            )
         )
     if run.nproc_per_node > 1:
         merged = merge_rank_results(
@@ -315,15 +230,12 @@ def _run_child(
             launcher_error=death_message(returncode, who="trial process") if returncode else "",
         )
         write_result_atomically(result_path, merged)
-        return merged.replace(**common)
+        return ended(merged)
     try:
-        return read_result(result_path).replace(**common)
+        return ended(read_result(result_path))
     except (OSError, ValueError):
-        return TrialResult(
-            outcome=TrialOutcome.CRASHED,
-            error=death_message(returncode, who="trial process"),
-            **common,  # type: ignore[arg-type]
-        )
+        error = death_message(returncode, who="trial process")
+        return ended(TrialResult(outcome=TrialOutcome.CRASHED, error=error))
 
 
 def _log_line(log: IO[bytes], text: str) -> None:

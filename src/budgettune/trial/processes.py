@@ -1,4 +1,8 @@
-"""Waiting for a trial child and ending what it leaves behind in its session.
+"""Starting budgettune's child processes, waiting for a trial child and ending what it leaves
+behind in its session.
+
+Every child (a trial, a sharded trial's rank, a study worker of ``--gpus``) starts through
+`spawn`: stdin closed, killed with its parent (Linux), a Ctrl-C landing mid-fork kept.
 
 A trial child leaves with ``os._exit`` once its result is written (the interpreter's teardown
 cost seconds per run on a GPU host), so torch's compile workers may outlive it for a moment.
@@ -11,16 +15,61 @@ waits for a child ends it on the way out.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import IO, NoReturn
 
 _POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux only; a child's pre-exec hook).
+
+    A search killed with SIGKILL must not leave its trial running on the GPU.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    command: Sequence[str],
+    *,
+    output: IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    new_session: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start a child process the way budgettune starts each of its own.
+
+    Args:
+        command: the command line.
+        output: where its stdout and stderr go (a log file); None: this process's own.
+        env: its environment; None: this process's.
+        new_session: start it in a session (and process group) of its own, so that
+            `end_session` ends whatever it leaves behind.
+
+    Returns:
+        The running process; its stdin is closed, and it is killed when this process dies
+        (Linux). A Ctrl-C that lands while it is forked is raised here (`interrupts_kept`).
+    """
+    with interrupts_kept():
+        return subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT if output is not None else None,
+            env=None if env is None else dict(env),
+            start_new_session=new_session,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
 
 
 def wait_unreaped(process: subprocess.Popen[bytes], timeout_s: float | None) -> bool:

@@ -1,12 +1,12 @@
 """Applies a `TrialSpec` to torch: functorch config, op list, block AC, optimizer, compile.
 
-Shared by the trial child (`trial/worker.py`, through `prepare`) and by `pinning.py` in a user's
+Shared by the trial child (`trial/child.py`, through `prepare`) and by `pinning.py` in a user's
 training job (through `apply_to_model`). The functorch settings are always *scoped*
 (`partitioner_settings`), never set globally: AOTAutograd partitions lazily, during the first
 call of a compiled function, so every call that may compile runs inside the scope.
 
-`prepare_process_environment` runs in the child before torch is imported; everything else imports
-torch lazily or at call time so that importing this module stays cheap.
+`environment.prepare_process_environment` runs in the child before torch is imported; everything
+here imports torch lazily or at call time so that importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -15,19 +15,17 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
-import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError
-from budgettune.trial.allocator import apply_allocator_settings
 from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.environment import prepare_process_environment  # noqa: F401 - re-exported
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
 from budgettune.trial.optimizers import build_optimizer, rebuild_optimizer  # noqa: F401 - re-exported
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
 
 if TYPE_CHECKING:
     import torch
@@ -40,39 +38,6 @@ _CONFIG_KEYS = (
     "activation_memory_budget_solver",
     "activation_memory_budget_runtime_estimator",
 )
-
-
-# --------------------------------------------------------------------------- process environment
-
-
-def prepare_process_environment(run: TrialRun) -> None:
-    """Set the environment a trial child needs; call before torch is imported.
-
-    ``PYTORCH_CUDA_ALLOC_CONF`` is read once, when CUDA initialises. The compile caches are
-    either off (``run.cache_dir()`` is None: FX-graph and AOTAutograd caches disabled, a fresh
-    temporary inductor cache) or pointed at the directory of this spec's partition variant,
-    because AOTAutograd's cache key does not cover the solver, the estimator or a patched op
-    list (measured on torch 2.13) and a shared cache would serve a stale partition. Triton's
-    cache (compiled kernels and launcher stubs, keyed by their source and target) is safe to
-    share, so every variant of the cache root uses one: a trial of a new variant then compiles
-    only the kernels no earlier trial had.
-
-    Args:
-        run: the trial to launch.
-    """
-    spec = run.spec
-    apply_allocator_settings(spec.cuda_alloc_conf)  # torch is not imported yet: the variable
-    cache_dir = run.cache_dir()
-    if cache_dir is None or run.cache_root is None:
-        os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-        os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
-        cache_dir = tempfile.mkdtemp(prefix="budgettune-inductor-")
-        triton_dir = os.path.join(cache_dir, "triton")
-    else:
-        os.makedirs(cache_dir, exist_ok=True)
-        triton_dir = os.path.join(run.cache_root, "triton")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-    os.environ["TRITON_CACHE_DIR"] = triton_dir
 
 
 # --------------------------------------------------------------------------- partitioner knobs
@@ -398,41 +363,3 @@ def prepare_model(
         # (a pin written before model changes were recorded is covered by the same rule).
         turn_off_kv_cache(model)
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
-
-
-# --------------------------------------------------------------------------- introspection
-
-
-def saved_activation_stats(step: PreparedStep) -> tuple[int, int]:
-    """Count the activations one forward saves for backward: (tensors, bytes).
-
-    Uses `saved_tensors_hooks` (a TorchDispatchMode would make compiled code run eagerly);
-    compiled graphs save through ``ctx.save_for_backward`` so the hooks see them. Tensors are
-    deduplicated by storage, and storages of parameters, buffers and the batch are left out.
-    Runs one forward+loss and one backward (so a lazily compiled backward compiles too); the
-    gradients are then dropped.
-    """
-    import torch
-    import torch.utils._pytree as pytree
-
-    excluded = {
-        t.untyped_storage().data_ptr() for t in [*step.model.parameters(), *step.model.buffers()]
-    }
-    excluded |= {
-        leaf.untyped_storage().data_ptr()
-        for leaf in pytree.tree_leaves(step.batch)
-        if isinstance(leaf, torch.Tensor)
-    }
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = step.forward_loss()
-    step.backward(loss)
-    step.optimizer.zero_grad(set_to_none=True)
-    return len(saved), sum(saved.values())

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from budgettune.trial.cpu_memory import cpu_memory_events, running_peak_bytes
+from budgettune.trial.measure import live_tensor_bytes, non_pytorch_device_bytes
 from budgettune.trial.results import MEM_METRICS
 
 if TYPE_CHECKING:
@@ -131,8 +133,6 @@ class StepMeter:
     def __enter__(self) -> StepMeter:
         import torch
 
-        from budgettune.trial.measure import live_tensor_bytes, non_pytorch_device_bytes
-
         self.device = device = self._resolve_device()
         model, optimizer, batch = self._live
         if device.type == "cuda":
@@ -156,8 +156,6 @@ class StepMeter:
         traceback: TracebackType | None,
     ) -> None:
         import torch
-
-        from budgettune.trial.measure import cpu_memory_events, running_peak_bytes
 
         device = self.device
         assert device is not None

@@ -6,7 +6,7 @@ The launcher runs::
         -m budgettune.trial.torchrun SPEC.json RESULT.json
 
 so each rank is this module's `main`: a small supervisor (no torch) that runs the measuring
-child ``python -m budgettune.trial.worker SPEC.json RESULT.rank{r}.json`` and waits for it.
+child ``python -m budgettune.trial.child SPEC.json RESULT.rank{r}.json`` and waits for it.
 It is there so that a rank that dies without a word (``os._exit``, the kernel's OOM killer, a
 segfault) is still named: the supervisor writes that rank's ``crashed`` result with the exit
 code or signal. It exits non-zero whenever its rank did not end ``ok``, so torchrun stops every
@@ -17,16 +17,19 @@ A rank that hangs in a collective instead of dying fails after the process group
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from types import FrameType
 
-from budgettune.trial.processes import end_session, kill_group, wait_unreaped
+from budgettune.trial.processes import (
+    die_with_parent,
+    end_session,
+    kill_group,
+    spawn,
+    wait_unreaped,
+)
 from budgettune.trial.ranks import rank_result_path
 from budgettune.trial.results import (
     TrialOutcome,
@@ -35,8 +38,6 @@ from budgettune.trial.results import (
     read_result,
     write_result_atomically,
 )
-
-_PR_SET_PDEATHSIG = 1
 
 
 def torchrun_command(spec_path: Path, result_path: Path, nproc_per_node: int) -> list[str]:
@@ -52,12 +53,6 @@ def torchrun_command(spec_path: Path, result_path: Path, nproc_per_node: int) ->
     ]  # fmt: skip
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Supervise one rank: run the measuring child, make sure the rank's result exists."""
     args = sys.argv[1:] if argv is None else argv
@@ -68,14 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     result_path = rank_result_path(args[1], rank)
     result_path.unlink(missing_ok=True)
     if sys.platform == "linux":
-        _die_with_parent()  # torchrun starts ranks in their own sessions: follow it if killed
+        die_with_parent()  # torchrun starts ranks in their own sessions: follow it if killed
     # The child measures in a session of its own, so what it leaves (it exits with `os._exit`;
     # torch's compile workers may outlive it) is killed with its group, as the launcher does.
-    child = subprocess.Popen(
-        [sys.executable, "-m", "budgettune.trial.worker", args[0], str(result_path)],
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    child = spawn(
+        [sys.executable, "-m", "budgettune.trial.child", args[0], str(result_path)],
+        new_session=True,
     )
     stopped: list[int] = []
 

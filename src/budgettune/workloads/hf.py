@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from budgettune.errors import WorkloadError
+from budgettune.errors import WorkloadError, one_line
 from budgettune.hub import hub_config_folder, is_hub_id
 from budgettune.workload import Workload
 
@@ -331,8 +331,9 @@ def build(
             model = model_class.from_config(config)
     except ValueError as exc:  # the Auto class has no model for this config and task
         # transformers goes on to list every config class the Auto class takes: one line here
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise WorkloadError(f"hf:{source}: no {task} model for {type(config).__name__}: {first}")
+        raise WorkloadError(
+            f"hf:{source}: no {task} model for {type(config).__name__}: {one_line(exc)}"
+        )
     model = model.to(device=device, dtype=DTYPES[dtype]).train()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the fp32 init's blocks must not count as reserved memory

@@ -5,12 +5,10 @@ RMSNorm, RoPE (theta 500000, without Llama 3's long-context frequency scaling), 
 in bf16; the optimizer is ``AdamW(params, lr=1e-5)`` as usually written (no implementation
 flags).
 
-The defaults reproduce the workload of the pre-project H200 reference (shared/reference): an
-untied LM head (1,498,482,688 parameters) and the cross entropy on the bf16 logits. Measured on
-an H200 (benchmarks/results/llama-h200.jsonl), that definition shows the reference's optimizer
-floor (full block AC peaks at 15.06 GB in the optimizer step); the real model's tied head
-(``tie_embeddings=True``, 1,235,814,400 parameters) with a float32 loss (``fp32_loss=True``)
-moves the peak into the backward instead (benchmarks/results/llama-tied-fp32loss-h200.jsonl).
+The defaults reproduce the workload of the pre-project H200 reference: an untied LM head and
+the cross entropy on the bf16 logits, which shows the reference's optimizer-step floor; the
+real model's tied head (``tie_embeddings=True``) with a float32 loss (``fp32_loss=True``)
+moves the peak into the backward instead (benchmarks/results/README.md#llama-definition).
 """
 
 from __future__ import annotations

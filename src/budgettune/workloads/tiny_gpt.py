@@ -1,10 +1,8 @@
 """``builtin:tiny-gpt``: a small fp32 GPT that takes well under a second per step on a CPU.
 
-Pre-LN blocks, causal `F.scaled_dot_product_attention`, GELU MLP, AdamW. At the default sizes one
-step (forward, loss, backward, AdamW) under ``aot_eager_decomp_partition`` runs in ~0.3 s on two
-CPU cores (torch 2.13), and its allocator peak is ~140 MB at budget 1.0 (~100 MB at 0.2, more
-again at 0.0): large enough that activation recompute moves the peak visibly, small enough for
-tests and demos.
+Pre-LN blocks, causal `F.scaled_dot_product_attention`, GELU MLP, AdamW. The default sizes are
+large enough that activation recompute moves the peak visibly, small enough for tests and demos
+(benchmarks/results/README.md#tiny-gpt).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Child entry point: ``python -m budgettune.trial.worker SPEC.json RESULT.json``.
+"""The trial child: ``python -m budgettune.trial.child SPEC.json RESULT.json``.
 
 Measures one `TrialRun` in this fresh process and writes ``RESULT.json`` atomically. It never
 touches the database or Optuna; its stdout/stderr go to the per-trial log file (the launcher
@@ -16,8 +16,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
+from budgettune.trial import measure, recompute
+from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
+from budgettune.trial.environment import prepare_process_environment
 from budgettune.trial.results import (
     Measurement,
     TrialOutcome,
@@ -25,15 +29,24 @@ from budgettune.trial.results import (
     write_result_atomically,
 )
 from budgettune.trial.spec import TrialRun
+from budgettune.workload import fingerprint, load_workload
 
-logger = logging.getLogger("budgettune.trial.worker")
+logger = logging.getLogger("budgettune.trial.child")  # not __main__ under ``python -m``
+ERROR_CHARS = 500
+"""An error from torch or the user's code is cut to this many characters in the result."""
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    name = type(exc).__name__
-    return f"{name}: {first}" if first else name
+class RunInfo(TypedDict):
+    """What every result of this process says of where it ran (`TrialResult` fields)."""
+
+    torch_version: str
+    cuda_version: str
+    device_name: str
+
+
+def _error(exc: BaseException) -> str:
+    """The result's one-line error for an exception budgettune did not word itself."""
+    return one_line(exc, with_type=True)[:ERROR_CHARS]
 
 
 def run_trial(run: TrialRun) -> TrialResult:
@@ -50,7 +63,7 @@ def run_trial(run: TrialRun) -> TrialResult:
     import torch
 
     logger.info("torch imported in %.1f s", time.perf_counter() - started)
-    info = {
+    info: RunInfo = {
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
         "device_name": platform.processor() or "cpu",
@@ -60,10 +73,8 @@ def run_trial(run: TrialRun) -> TrialResult:
     return _measure(run, torch.device(run.device), None, info)
 
 
-def _run_rank(run: TrialRun, info: dict[str, str]) -> TrialResult:
+def _run_rank(run: TrialRun, info: RunInfo) -> TrialResult:
     """One rank: join the group, measure, tell a collective broken by a peer from a failure."""
-    from budgettune.trial.distributed import collective_errors, process_group
-
     try:
         with process_group(run) as (device, mesh):
             if device.type == "cuda":
@@ -78,10 +89,10 @@ def _run_rank(run: TrialRun, info: dict[str, str]) -> TrialResult:
         logger.error("a collective failed (another rank gone?)", exc_info=exc)
         return TrialResult(
             outcome=TrialOutcome.CRASHED,
-            error=_one_line(exc)[:500],
+            error=_error(exc),
             failed_stage="collective",
             failed_at_s=time.time(),
-            **info,  # type: ignore[arg-type]
+            **info,
         )
 
 
@@ -103,17 +114,11 @@ def _log_compile_caches() -> None:
 
 
 def _is_collective_error(exc: BaseException) -> bool:
-    from budgettune.trial.distributed import collective_errors
-
     return isinstance(exc, collective_errors())
 
 
-def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> TrialResult:
+def _measure(run: TrialRun, device: Any, mesh: Any, info: RunInfo) -> TrialResult:
     import torch
-
-    from budgettune.errors import BudgettuneError, NonFiniteLossError
-    from budgettune.trial import measure, recompute
-    from budgettune.workload import fingerprint, load_workload
 
     try:
         if device.type == "cuda" and mesh is None:
@@ -121,7 +126,7 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> Tri
                 return TrialResult(
                     outcome=TrialOutcome.CRASHED,
                     error=f"device {run.device} requested but torch sees no CUDA device",
-                    **info,  # type: ignore[arg-type]
+                    **info,
                 )
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
@@ -140,18 +145,16 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> Tri
             raise  # a model too large for the device is an OOM, not a broken workload
         except Exception as exc:  # noqa: BLE001 - whatever the user's import or build raised
             logger.error("the workload could not be loaded", exc_info=exc)
-            error = str(exc) if isinstance(exc, BudgettuneError) else _one_line(exc)[:500]
+            error = str(exc) if isinstance(exc, BudgettuneError) else _error(exc)
             return TrialResult(
                 outcome=TrialOutcome.CRASHED,
                 error=error,
                 failed_stage="workload",
-                **info,  # type: ignore[arg-type]
+                **info,
             )
         if mesh is None:
             step = recompute.prepare(workload, run.spec, device)
         else:
-            from budgettune.trial.distributed import prepare_sharded
-
             step = prepare_sharded(workload, run.spec, device, mesh)
         logger.info("step prepared in %.1f s", time.perf_counter() - stage)
         stage = time.perf_counter()
@@ -164,30 +167,30 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: dict[str, str]) -> Tri
         _log_compile_caches()
     except torch.cuda.OutOfMemoryError as exc:
         logger.error("out of memory", exc_info=exc)
-        return TrialResult(outcome=TrialOutcome.OOM, error=_one_line(exc)[:500], **info)  # type: ignore[arg-type]
+        return TrialResult(outcome=TrialOutcome.OOM, error=_error(exc), **info)
     except NonFiniteLossError as exc:
         logger.error("non-finite first step: %s", exc)
         return TrialResult(
             outcome=TrialOutcome.NON_FINITE,
             error=str(exc),
             workload_fingerprint=workload_fingerprint,
-            **info,  # type: ignore[arg-type]
+            **info,
         )
     except BudgettuneError as exc:
         # Already one line for the user; the traceback (e.g. the user's build) went to the log.
         logger.error("trial failed: %s", exc)
-        return TrialResult(outcome=TrialOutcome.CRASHED, error=str(exc), **info)  # type: ignore[arg-type]
+        return TrialResult(outcome=TrialOutcome.CRASHED, error=str(exc), **info)
     except Exception as exc:  # noqa: BLE001 - any other failure of user or torch code is a crash
         if mesh is not None and _is_collective_error(exc):
             raise  # another rank went away: `_run_rank` says so
         logger.error("trial crashed", exc_info=exc)
-        return TrialResult(outcome=TrialOutcome.CRASHED, error=_one_line(exc)[:500], **info)  # type: ignore[arg-type]
+        return TrialResult(outcome=TrialOutcome.CRASHED, error=_error(exc), **info)
     return TrialResult(
         outcome=TrialOutcome.OK,
         measurement=measurement,
         workload_fingerprint=workload_fingerprint,
         model_changes=step.model_changes,
-        **info,  # type: ignore[arg-type]
+        **info,
     )
 
 
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     """Read SPEC.json, prepare the environment before torch loads, measure, write RESULT.json."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m budgettune.trial.worker SPEC.json RESULT.json", file=sys.stderr)
+        print("usage: python -m budgettune.trial.child SPEC.json RESULT.json", file=sys.stderr)
         return 2
     spec_path, result_path = Path(args[0]), Path(args[1])
     logging.basicConfig(
@@ -212,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             TrialResult(outcome=TrialOutcome.CRASHED, error=f"unreadable {spec_path}: {exc}"),
         )
         return 0
-    # Must happen before torch (and its inductor/CUDA config) is imported.
-    from budgettune.trial.recompute import prepare_process_environment
-
-    prepare_process_environment(run)
+    prepare_process_environment(run)  # before torch (and its inductor/CUDA config) is imported
     logger.info("measuring %s on %s: %s", run.workload, run.device, run.spec.to_json_dict())
     result = run_trial(run)
     logger.info("outcome %s %s", result.outcome.value, result.error)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     # RESULT.json is written: skip the interpreter's teardown (torch's compile-worker pool and
-    # CUDA shutting down took 3-10 s of every run's wall time on an H200 host, 2026-11-25);
+    # CUDA shutting down cost seconds per run: benchmarks/results/README.md#trial-child-exit);
     # the launcher ends what is left of the child's session.
     logging.shutdown()
     sys.stdout.flush()
