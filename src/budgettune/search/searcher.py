@@ -149,9 +149,7 @@ class Searcher:
     def reference(self) -> dict[str, float] | None:
         """First-step loss and grad norm of the study's unconstrained baseline, if measured."""
         found = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
-        if found is None or found.loss is None or found.grad_norm is None:
-            return None
-        return {"loss": found.loss, "grad_norm": found.grad_norm}
+        return None if found is None else found.first_step()
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
@@ -381,8 +379,7 @@ class Searcher:
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
 
     def pin(self) -> dict[str, Any]:
-        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`); returns
-        the pin's JSON document."""
+        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`): its JSON."""
         return pin_study(self).to_json_dict()
 
 

@@ -182,8 +182,7 @@ class TrialRecord:
     worker: str | None = None
     """``host:device`` of the worker that ran it (`WORKER_ATTR`)."""
     violation_bytes: float | None = None
-    """How far ``peak x (1 + margin)`` is over the limit (`CONSTRAINT_ATTR`; <= 0 fits); None
-    when the trial did not finish measured or out of memory."""
+    """``peak x (1 + margin) - limit`` (`CONSTRAINT_ATTR`; <= 0 fits), None if not stored."""
     stored_outcome: str | None = None
     """The ``outcome`` attr as stored (None: no result yet); `outcome` reads it."""
     error: str = ""
@@ -201,8 +200,7 @@ class TrialRecord:
     torch_version: str = ""
     """The torch version it ran with."""
     world_size: int = 1
-    """Ranks per trial (above 1: sharded; the figures are the largest rank's peak and the
-    slowest rank's step time)."""
+    """Ranks per trial (above 1: sharded; the largest rank's peak, the slowest rank's step)."""
     model_changes: tuple[str, ...] = ()
     """What the trial changed in the model besides the knobs (``use_cache=False``)."""
     failed_rank: int | None = None
@@ -272,6 +270,12 @@ class TrialRecord:
     def peak_bytes(self, mem_metric: str) -> int | None:
         """The peak on ``mem_metric`` (device, reserved or allocated), None if not measured."""
         return _peak(self, mem_metric)
+
+    def first_step(self) -> dict[str, float] | None:
+        """First-step ``loss`` and ``grad_norm`` (the numerics reference), when both are in."""
+        if self.loss is None or self.grad_norm is None:
+            return None
+        return {"loss": self.loss, "grad_norm": self.grad_norm}
 
     def fits(self) -> bool:
         """Whether its stored constraint says it fits (a trial with none does not)."""
