@@ -27,7 +27,7 @@ from pathlib import Path
 from optuna.trial import FrozenTrial, TrialState
 
 from benchmarks.common import script_main, study_trials
-from budgettune.search.study import WORKER_ATTR
+from budgettune.storage.user_attrs import WORKER_ATTR
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 

@@ -117,8 +117,10 @@ def _timed(ms: float):
 
 def test_pin_slowdown_uses_the_re_measured_baseline_median() -> None:
     from budgettune.pinning import Candidate, build_pin
+    from budgettune.search.pin import pin_scope, reference_trial
     from budgettune.search.space import SearchSpace
     from budgettune.search.spec import SearchSpec
+    from budgettune.storage.user_attrs import TrialRecord
 
     search = SearchSpec(
         workload="builtin:tiny-gpt",
@@ -135,10 +137,11 @@ def test_pin_slowdown_uses_the_re_measured_baseline_median() -> None:
         "peak_phase": "backward",
     }
     pins = [_timed(66.0), _timed(63.0), _timed(70.0)]
+    scope, reference = pin_scope(search), reference_trial(TrialRecord.from_attrs(attrs), "device")
     doc = build_pin(
-        search=search, candidate=candidate, reverify_results=pins, baseline=attrs, trials=4,
+        scope=scope, candidate=candidate, reverify_results=pins, baseline=reference, trials=4,
         baseline_results=[_timed(61.0), _timed(59.0), _timed(60.0)],
-    )  # fmt: skip
+    ).to_json_dict()  # fmt: skip
     baseline = doc["baseline"]
     assert (baseline["step_time_ms"], baseline["runs"], baseline["trial_step_time_ms"]) == (
         60.0,
@@ -148,7 +151,7 @@ def test_pin_slowdown_uses_the_re_measured_baseline_median() -> None:
     assert baseline["slowdown"] == pytest.approx(66.0 / 60.0 - 1)
     # without re-measurements (all failed) the trial's figure is the baseline
     alone = build_pin(
-        search=search, candidate=candidate, reverify_results=pins, baseline=attrs, trials=4
-    )["baseline"]
+        scope=scope, candidate=candidate, reverify_results=pins, baseline=reference, trials=4
+    ).to_json_dict()["baseline"]
     assert (alone["step_time_ms"], alone["runs"]) == (40.0, 0)
     assert alone["slowdown"] == pytest.approx(66.0 / 40.0 - 1)

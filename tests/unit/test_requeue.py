@@ -17,8 +17,8 @@ from budgettune.errors import TrialInfrastructureError
 from budgettune.search import searcher as searcher_module
 from budgettune.search.searcher import Searcher
 from budgettune.search.study_file import build_search_spec
-from budgettune.search.target import RETRY_HISTORY_ATTR
 from budgettune.storage.trials import BASELINE_ATTR, EXCLUDED_ATTR, FULL_AC, UNCONSTRAINED
+from budgettune.storage.user_attrs import RETRY_HISTORY_ATTR
 from budgettune.trial.processes import Terminated, interrupts_kept, sigterm_raises
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialSpec

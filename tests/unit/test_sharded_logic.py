@@ -12,6 +12,7 @@ import pytest
 from storage_samples import ok_result
 
 from budgettune.errors import SpecError, UsageError
+from budgettune.storage.user_attrs import TrialRecord
 from budgettune.trial.ranks import (
     memory_split,
     merge_rank_results,
@@ -112,6 +113,7 @@ def test_study_file_and_baselines_of_a_sharded_study(tmp_path: Path) -> None:
 
 def test_pin_records_world_size_split_and_op_sac() -> None:
     from budgettune.pinning import Candidate, build_pin
+    from budgettune.search.pin import pin_scope, reference_trial
     from budgettune.search.space import SearchSpace
     from budgettune.search.spec import SearchSpec
 
@@ -140,10 +142,12 @@ def test_pin_records_world_size_split_and_op_sac() -> None:
         "peak_device_bytes": 38_000_000_000,
         "step_time_ms": 295.0,
     }
-    doc = build_pin(
-        search=search, candidate=candidate, reverify_results=runs, baseline=None, trials=9,
-        op_sac=op_attrs,
+    op_sac = reference_trial(TrialRecord.from_attrs(op_attrs), "allocated")
+    pin = build_pin(
+        scope=pin_scope(search), candidate=candidate, reverify_results=runs, baseline=None,
+        trials=9, op_sac=op_sac,
     )  # fmt: skip
+    doc = pin.to_json_dict()
     assert doc["world_size"] == 2 and doc["sharding"].startswith("fsdp2")
     assert [row["rank"] for row in doc["measured"]["per_rank"]] == [0, 1]
     assert doc["measured"]["split"] == {
@@ -155,7 +159,7 @@ def test_pin_records_world_size_split_and_op_sac() -> None:
     assert doc["op_sac"]["slowdown"] == pytest.approx(290.0 / 295.0 - 1)
     from budgettune.present.tables import pin_table
 
-    assert pin_table(doc).row_count > 10
+    assert pin_table(pin).row_count > 10
 
 
 def test_per_rank_figures_and_split() -> None:
@@ -206,6 +210,7 @@ def test_rank_figures_round_trip() -> None:
 def test_dashboard_note_and_points_show_ranks_and_op_sac() -> None:
     import optuna
 
+    from budgettune.pinning import PinDocument
     from budgettune.present.dashboard_views import study_note, trial_points
 
     trial = optuna.trial.create_trial(
@@ -243,7 +248,8 @@ def test_dashboard_note_and_points_show_ranks_and_op_sac() -> None:
         "world_size": 2,
         "sharding": "fsdp2",
     }
-    note = study_note(study_name="s", search={}, points=[point], num_failed=0, pin=pin)
+    typed = PinDocument.from_json_dict(pin)
+    note = study_note(study_name="s", search={}, points=[point], num_failed=0, pin=typed)
     assert "slowdown vs torchtitan op SAC | -1.7%" in note
     assert "| world size | 2 ranks, fsdp2 |" in note and "| rank 1 | peak 40.00 GB" in note
 

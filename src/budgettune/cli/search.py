@@ -221,9 +221,10 @@ def search(
     if as_json:
         print_json(outcome.pin)
         return
+    from budgettune.pinning import PinDocument
     from budgettune.present.tables import pin_table
 
-    stdout.print(pin_table(outcome.pin))
+    stdout.print(pin_table(PinDocument.from_json_dict(outcome.pin)))
     stdout.print(
         f"{outcome.trials_run} trials run and the pin re-verified in "
         f"{time.monotonic() - started:.0f} s; study {outcome.study_name!r} in "

@@ -52,8 +52,9 @@ def show(
         stdout.print(f"excluded after crashes: {line}", highlight=False)
     for line in report.settled:
         stdout.print(f"held after the opening: {line}", highlight=False)
-    if report.pin is not None:
-        stdout.print(pin_table(dict(report.pin), title="current pin"))
+    pin = report.pin_document
+    if pin is not None:
+        stdout.print(pin_table(pin, title="current pin"))
 
 
 class ExportFormat(str, enum.Enum):

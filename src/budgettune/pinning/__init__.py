@@ -4,15 +4,17 @@
     model = pinned.compile(model)                  # functorch config scoped, op list, AC, mode
     optimizer = pinned.optimizer(optimizer)        # the pinned optimizer implementation
 
-`choose` is the search's side (which trial, the JSON it gets), `pinned` the training job's
-(read, check the fingerprint, apply). Torch is imported only when a pin is applied.
+`choose` is the search's side (which trial, the pin it gets), `document` the pin's typed
+form (to and from its JSON), `pinned` the training job's (read, check the fingerprint,
+apply). Torch is imported only when a pin is applied.
 """
 
 from budgettune.pinning.choose import (
     RESERVED_GAP_FRACTION,
-    SCHEMA_VERSION,
     SHARDING,
     Candidate,
+    PinScope,
+    ReferenceTrial,
     StalePinWarning,
     allocator_advice,
     build_pin,
@@ -24,6 +26,15 @@ from budgettune.pinning.choose import (
     reference_figures,
     write_pin,
 )
+from budgettune.pinning.document import (
+    SCHEMA_VERSION,
+    MemorySplit,
+    PinDocument,
+    PinFingerprint,
+    PinMeasured,
+    PinReference,
+    RankPeak,
+)
 from budgettune.pinning.pinned import PinnedConfig, load_pinned, parse_pin
 
 __all__ = [
@@ -31,7 +42,15 @@ __all__ = [
     "SCHEMA_VERSION",
     "SHARDING",
     "Candidate",
+    "MemorySplit",
+    "PinDocument",
+    "PinFingerprint",
+    "PinMeasured",
+    "PinReference",
+    "PinScope",
     "PinnedConfig",
+    "RankPeak",
+    "ReferenceTrial",
     "StalePinWarning",
     "allocator_advice",
     "build_pin",

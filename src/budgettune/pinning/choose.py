@@ -1,25 +1,31 @@
-"""Choose the winner and build the pinned JSON (schema v1) from its re-measurements: the
-search's side of a pin. One rule of "fits" (peak x (1 + margin) within the limit) for all."""
+"""Choose the winner and build the pin (`PinDocument`, schema v1) from its re-measurements:
+the search's side of a pin. One rule of "fits" (peak x (1 + margin) within the limit) for all."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from budgettune.errors import BudgettuneError, UsageError
+from budgettune.pinning.document import (
+    SCHEMA_VERSION,
+    MemorySplit,
+    PinDocument,
+    PinFingerprint,
+    PinMeasured,
+    PinReference,
+    RankPeak,
+)
 from budgettune.trial.ranks import memory_split, per_rank_figures
 from budgettune.trial.results import TrialResult, write_json_atomically
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
-if TYPE_CHECKING:
-    from budgettune.search.spec import SearchSpec
-
-SCHEMA_VERSION = 1
 SHARDING = (
     "fsdp2 under torchrun, torchtitan order: block AC, per-block torch.compile(fullgraph=True), "
     "then the workload's parallelize(model, mesh) or fully_shard per block and at the root"
@@ -43,6 +49,45 @@ class Candidate:
     """Median step time in that trial."""
     peak_bytes: int
     """Peak on the search's memory metric in that trial."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReferenceTrial:
+    """A reference configuration's trial (the unconstrained baseline, full block AC, op SAC)
+    as the pin reads it."""
+
+    spec: TrialSpec
+    """Its configuration."""
+    peak_bytes: int
+    """Its peak on the search's memory metric."""
+    peak_device_bytes: int | None
+    """Its device peak."""
+    step_time_ms: float
+    """Its median step time in the trial."""
+    peak_phase: str | None = None
+    """Where its peak was set."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PinScope:
+    """What the pinned search was for: its study, workload, device, limit and ranks."""
+
+    study_name: str
+    """The study."""
+    workload: str
+    """The workload reference."""
+    workload_options: Mapping[str, Any]
+    """The workload builder's options."""
+    device: str
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    limit_bytes: int
+    """The memory limit."""
+    mem_metric: str
+    """The metric the limit is on."""
+    margin: float
+    """A run fits when its peak x (1 + margin) is within the limit."""
+    world_size: int = 1
+    """Ranks per trial."""
 
 
 def margin_violation_bytes(peak_bytes: float, *, limit_bytes: int, margin: float) -> float:
@@ -128,153 +173,142 @@ def choose_pin(
     return candidate, results
 
 
-def _figures(results: Sequence[TrialResult], metric: str) -> dict[str, Any]:
+def _figures(results: Sequence[TrialResult], metric: str, *, sharded: bool) -> PinMeasured:
     measurements = [r.measurement for r in results if r.measurement is not None]
     peaks = [m.peak_bytes(metric) for m in measurements]
     times = [m.step_time_ms for m in measurements]
     last = measurements[-1]
-    return {
-        "runs": len(measurements),
-        "peak_median_bytes": int(statistics.median(peaks)),
-        "peak_worst_bytes": max(peaks),
-        "peak_device_worst_bytes": max(m.peak_device_bytes for m in measurements),
-        "peak_reserved_worst_bytes": max(m.peak_reserved_bytes for m in measurements),
-        "peak_allocated_worst_bytes": max(m.peak_allocated_bytes for m in measurements),
-        "step_time_ms": statistics.median(times),
-        "step_time_worst_ms": max(times),
-        "steady_bytes": last.steady_bytes,
-        "peak_phase": last.peak_phase,
-        "phase_peak_bytes": dict(last.phase_peak_bytes),
-    }
+    per_rank = per_rank_figures(results, metric) if sharded else None
+    return PinMeasured(
+        runs=len(measurements),
+        peak_median_bytes=int(statistics.median(peaks)),
+        peak_worst_bytes=max(peaks),
+        peak_device_worst_bytes=max(m.peak_device_bytes for m in measurements),
+        peak_reserved_worst_bytes=max(m.peak_reserved_bytes for m in measurements),
+        peak_allocated_worst_bytes=max(m.peak_allocated_bytes for m in measurements),
+        step_time_ms=statistics.median(times),
+        step_time_worst_ms=max(times),
+        steady_bytes=last.steady_bytes,
+        peak_phase=last.peak_phase,
+        phase_peak_bytes=dict(last.phase_peak_bytes),
+        per_rank=None if per_rank is None else tuple(map(RankPeak.from_json_dict, per_rank)),
+        split=None if per_rank is None else MemorySplit.from_json_dict(memory_split(per_rank)),
+    )
 
 
 def reference_figures(
-    attrs: Mapping[str, Any] | None,
+    trial: ReferenceTrial | None,
     remeasured: Sequence[TrialResult],
     *,
-    mem_metric: str,
     pin_step_time_ms: float,
-) -> dict[str, Any] | None:
+) -> PinReference | None:
     """A reference configuration in the pin (the unconstrained baseline, or full block AC).
 
     Args:
-        attrs: user attrs of the reference's trial (None: it was not measured).
+        trial: the reference's trial (None: it was not measured).
         remeasured: its fresh re-measurements; when some succeeded, its step time is their
             median (``runs`` says how many), like the pin's, and the trial's own figure stays
             as ``trial_step_time_ms``; else the trial's figure is used.
-        mem_metric: the search's memory metric.
         pin_step_time_ms: the pin's median step time, for ``slowdown``.
     """
-    if attrs is None:
+    if trial is None:
         return None
     runs = [r.measurement for r in remeasured if r.measurement is not None]
-    step_ms = statistics.median(m.step_time_ms for m in runs) if runs else attrs["step_time_ms"]
-    return {
-        "spec": attrs["spec"],
-        "peak_bytes": attrs[f"peak_{mem_metric}_bytes"],
-        "peak_device_bytes": attrs["peak_device_bytes"],
-        "step_time_ms": step_ms,
-        "runs": len(runs),
-        "trial_step_time_ms": attrs["step_time_ms"],
-        "peak_phase": attrs.get("peak_phase"),
-        "slowdown": pin_step_time_ms / step_ms - 1.0,
-    }
+    step_ms = statistics.median(m.step_time_ms for m in runs) if runs else trial.step_time_ms
+    return PinReference(
+        spec=trial.spec,
+        peak_bytes=trial.peak_bytes,
+        peak_device_bytes=trial.peak_device_bytes,
+        step_time_ms=step_ms,
+        runs=len(runs),
+        trial_step_time_ms=trial.step_time_ms,
+        peak_phase=trial.peak_phase,
+        slowdown=pin_step_time_ms / step_ms - 1.0,
+    )
 
 
 def build_pin(
     *,
-    search: SearchSpec,
+    scope: PinScope,
     candidate: Candidate,
     reverify_results: Sequence[TrialResult],
-    baseline: Mapping[str, Any] | None,
+    baseline: ReferenceTrial | None,
     trials: int,
     baseline_results: Sequence[TrialResult] = (),
     baseline_status: str = "ok",
-    full_ac: Mapping[str, Any] | None = None,
+    full_ac: ReferenceTrial | None = None,
     full_ac_results: Sequence[TrialResult] = (),
-    op_sac: Mapping[str, Any] | None = None,
+    op_sac: ReferenceTrial | None = None,
     op_sac_results: Sequence[TrialResult] = (),
-) -> dict[str, Any]:
-    """The pinned-config document (schema version 1, DESIGN.md §3).
+) -> PinDocument:
+    """The pin (schema version 1, DESIGN.md §3).
 
     Args:
-        baseline: user attrs of the unconstrained baseline's trial (None: not measured).
+        scope: what the search was for (study, workload, device, limit, ranks).
+        candidate: the chosen configuration.
+        reverify_results: its fresh re-measurements.
+        baseline: the unconstrained baseline's trial (None: not measured).
+        trials: the study's trials so far.
         baseline_results: fresh re-measurements of that baseline (see `reference_figures`).
         baseline_status: ``ok``, ``over_limit`` (measured, but it does not fit), or the
             outcome that kept it from being measured (``oom``, ``crashed``...).
-        full_ac: user attrs of the full block AC baseline's trial, given when the unconstrained
-            baseline cannot be run under the limit: then full AC is the user's real
-            alternative, and the pin's slowdown against it is reported as ``full_ac``.
+        full_ac: the full block AC baseline's trial, given when the unconstrained baseline
+            cannot be run under the limit: then full AC is the user's real alternative, and
+            the pin's slowdown against it is reported as ``full_ac``.
         full_ac_results: its fresh re-measurements.
-        op_sac: user attrs of torchtitan's op SAC baseline (sharded studies), with ``fits``.
+        op_sac: torchtitan's op SAC baseline's trial (sharded studies), with ``fits``.
         op_sac_results: its fresh re-measurements.
     """
-    measured = _figures(reverify_results, search.mem_metric)
+    measured = _figures(reverify_results, scope.mem_metric, sharded=scope.world_size > 1)
     first = reverify_results[0]
-    baseline_doc = reference_figures(
-        baseline,
-        baseline_results,
-        mem_metric=search.mem_metric,
-        pin_step_time_ms=measured["step_time_ms"],
-    )
-    full_ac_doc = reference_figures(
-        full_ac,
-        full_ac_results,
-        mem_metric=search.mem_metric,
-        pin_step_time_ms=measured["step_time_ms"],
-    )
-    op_sac_doc = reference_figures(
-        op_sac,
-        op_sac_results,
-        mem_metric=search.mem_metric,
-        pin_step_time_ms=measured["step_time_ms"],
-    )
+    pin_ms = measured.step_time_ms
+    op_sac_doc = reference_figures(op_sac, op_sac_results, pin_step_time_ms=pin_ms)
     if op_sac_doc is not None:
-        op_sac_doc["fits"] = fits_limit(
-            op_sac_doc["peak_bytes"], limit_bytes=search.max_mem_bytes, margin=search.margin
+        op_sac_doc = dataclasses.replace(
+            op_sac_doc,
+            fits=fits_limit(
+                op_sac_doc.peak_bytes, limit_bytes=scope.limit_bytes, margin=scope.margin
+            ),
         )
-    if search.nproc_per_node > 1:
-        measured["per_rank"] = per_rank_figures(reverify_results, search.mem_metric)
-        measured["split"] = memory_split(measured["per_rank"])
     advice = [
-        phase_advice(measured["peak_phase"]),
+        phase_advice(measured.peak_phase),
         allocator_advice(
-            peak_allocated_bytes=measured["peak_allocated_worst_bytes"],
-            peak_reserved_bytes=measured["peak_reserved_worst_bytes"],
-            mem_metric=search.mem_metric,
+            peak_allocated_bytes=measured.peak_allocated_worst_bytes,
+            peak_reserved_bytes=measured.peak_reserved_worst_bytes,
+            mem_metric=scope.mem_metric,
             alloc_conf=candidate.spec.cuda_alloc_conf,
         ),
     ]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "study_name": search.study_name,
-        "trial_number": candidate.trial_number,
-        "trials": trials,
-        "workload": search.workload,
-        "workload_options": dict(search.workload_options),
-        "device": search.device,
-        "spec": candidate.spec.to_json_dict(),
+    return PinDocument(
+        schema_version=SCHEMA_VERSION,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        study_name=scope.study_name,
+        trial_number=candidate.trial_number,
+        trials=trials,
+        workload=scope.workload,
+        workload_options=dict(scope.workload_options),
+        device=scope.device,
+        spec=candidate.spec,
         # What the trials changed in the model besides the knobs; `compile` does it again.
-        "model_changes": list(first.model_changes),
-        "limit_bytes": search.max_mem_bytes,
-        "mem_metric": search.mem_metric,
-        "margin": search.margin,
-        "measured": measured,
-        "advice": "; ".join(a for a in advice if a),
-        "baseline": baseline_doc,
-        "baseline_status": baseline_status,
-        "full_ac": full_ac_doc,
-        "op_sac": op_sac_doc,
-        "world_size": search.nproc_per_node,
-        "sharding": SHARDING if search.nproc_per_node > 1 else "none",
-        "fingerprint": {
-            "torch_version": first.torch_version,
-            "cuda_version": first.cuda_version,
-            "device_name": first.device_name,
-            "workload": dict(first.workload_fingerprint or {}),
-        },
-    }
+        model_changes=tuple(first.model_changes),
+        limit_bytes=scope.limit_bytes,
+        mem_metric=scope.mem_metric,
+        margin=scope.margin,
+        measured=measured,
+        advice="; ".join(a for a in advice if a),
+        baseline=reference_figures(baseline, baseline_results, pin_step_time_ms=pin_ms),
+        baseline_status=baseline_status,
+        full_ac=reference_figures(full_ac, full_ac_results, pin_step_time_ms=pin_ms),
+        op_sac=op_sac_doc,
+        world_size=scope.world_size,
+        sharding=SHARDING if scope.world_size > 1 else "none",
+        fingerprint=PinFingerprint(
+            torch_version=first.torch_version,
+            cuda_version=first.cuda_version,
+            device_name=first.device_name,
+            workload=dict(first.workload_fingerprint or {}),
+        ),
+    )
 
 
 def check_pin_output(path: str | Path, *, what: str = "--output") -> None:
@@ -298,15 +332,16 @@ def check_pin_output(path: str | Path, *, what: str = "--output") -> None:
         raise UsageError(f"{what} {target}: cannot write into {folder}")
 
 
-def write_pin(path: str | Path, pin: Mapping[str, Any]) -> Path:
-    """Write the pinned JSON atomically; returns the path written.
+def write_pin(path: str | Path, pin: PinDocument | Mapping[str, Any]) -> Path:
+    """Write the pinned JSON atomically (a document read elsewhere is written as it was read);
+    returns the path written.
 
     Raises:
         BudgettuneError: the file cannot be written (one line, with the reason).
     """
     target = Path(path)
     try:
-        write_json_atomically(target, pin)
+        write_json_atomically(target, pin.to_json_dict() if isinstance(pin, PinDocument) else pin)
     except OSError as exc:
         raise BudgettuneError(
             f"cannot write the pinned config {target}: {exc.strerror or exc}"

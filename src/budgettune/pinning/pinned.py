@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonDict
 
 from budgettune.errors import PinnedConfigError, SpecError
-from budgettune.pinning.choose import SCHEMA_VERSION, StalePinWarning
+from budgettune.pinning.choose import StalePinWarning
+from budgettune.pinning.document import SCHEMA_VERSION, PinDocument, PinFingerprint
 from budgettune.schema import OneOf, first_problem
 from budgettune.trial.allocator import AllocatorApplied, apply_allocator_settings, env_assignment
 from budgettune.trial.distributed import (
@@ -48,17 +49,22 @@ if TYPE_CHECKING:
 class PinnedConfig:
     """A pinned configuration, ready to apply to a model in a training job."""
 
-    spec: TrialSpec
-    """The pinned knobs."""
+    pin: PinDocument
+    """The pin, typed."""
     document: Mapping[str, Any] = field(repr=False)
-    """The whole pinned JSON."""
+    """The whole pinned JSON as read (`budgettune export` writes it again unchanged)."""
     path: str = ""
     """Where it was read from."""
 
     @property
+    def spec(self) -> TrialSpec:
+        """The pinned knobs."""
+        return self.pin.spec
+
+    @property
     def model_changes(self) -> tuple[str, ...]:
         """What the trials changed in the model besides the knobs (``use_cache=False``)."""
-        return tuple(self.document.get("model_changes") or ())
+        return self.pin.model_changes
 
     def env_assignment(self) -> str:
         """``PYTORCH_CUDA_ALLOC_CONF=...`` for a launch script (empty: the pin sets none)."""
@@ -79,7 +85,7 @@ class PinnedConfig:
                 stacklevel=stacklevel + 1,
             )
         if applied.caveat:
-            peak = (self.document.get("measured") or {}).get("peak_worst_bytes")
+            peak = self.pin.measured.peak_worst_bytes
             measured = (
                 f"; the pin's {peak / 1e9:.2f} GB peak was measured with it " if peak else "; "
             )
@@ -107,15 +113,15 @@ class PinnedConfig:
         pass ``model``, ``optimizer`` and ``batch`` so the bytes live before the step count.
         Under torchrun the pin's figures are this rank's (``RANK``).
         """
-        measured = self.document.get("measured") or {}
-        peak, step_ms = measured.get("peak_worst_bytes"), measured.get("step_time_ms")
+        measured = self.pin.measured
+        peak, step_ms = measured.peak_worst_bytes, measured.step_time_ms
         rank = world_rank_from_env()
-        for row in measured.get("per_rank") or ():
-            if row.get("rank") == rank:
-                peak, step_ms = row.get("peak_worst_bytes", peak), row.get("step_time_ms")
+        for row in measured.per_rank or ():
+            if row.rank == rank:
+                peak, step_ms = row.peak_worst_bytes or peak, row.step_time_ms
         return StepMeter(
             device=device,
-            mem_metric=str(self.document.get("mem_metric", "device")),
+            mem_metric=self.pin.mem_metric,
             pinned_peak_bytes=int(peak) if peak else None,
             pinned_step_time_ms=float(step_ms) if step_ms else None,
             model=model,
@@ -124,9 +130,9 @@ class PinnedConfig:
         )
 
     @property
-    def fingerprint(self) -> Mapping[str, Any]:
+    def fingerprint(self) -> PinFingerprint:
         """torch/CUDA versions, device name and workload fingerprint of the measured job."""
-        return self.document.get("fingerprint", {})
+        return self.pin.fingerprint
 
     def stale_reasons(self, *, device: torch.device | str | None = None) -> list[str]:
         """How the running process differs from the measured one (empty when it matches)."""
@@ -134,13 +140,13 @@ class PinnedConfig:
 
         reasons = []
         expected = self.fingerprint
-        if expected.get("torch_version") and expected["torch_version"] != torch.__version__:
-            reasons.append(f"torch {torch.__version__} (pinned on {expected['torch_version']})")
+        if expected.torch_version and expected.torch_version != torch.__version__:
+            reasons.append(f"torch {torch.__version__} (pinned on {expected.torch_version})")
         running_cuda = torch.version.cuda or "none"
-        pinned_cuda = expected.get("cuda_version") or "none"
+        pinned_cuda = expected.cuda_version or "none"
         if running_cuda != pinned_cuda:
             reasons.append(f"CUDA {running_cuda} (pinned on {pinned_cuda})")
-        pinned_device = str(expected.get("device_name", ""))
+        pinned_device = expected.device_name
         if pinned_device and not pinned_device.startswith("cpu") and torch.cuda.is_available():
             name = torch.cuda.get_device_name(torch.device(device) if device else None)
             if name != pinned_device:
@@ -149,7 +155,7 @@ class PinnedConfig:
 
     def check_workload(self, workload_fingerprint: Mapping[str, Any]) -> list[str]:
         """Compare a `workload.fingerprint(...).to_json_dict()` with the pinned one."""
-        expected = self.fingerprint.get("workload") or {}
+        expected = self.fingerprint.workload
         if expected and expected.get("digest") != workload_fingerprint.get("digest"):
             return [
                 f"workload {workload_fingerprint.get('param_count')} params, batch "
@@ -187,14 +193,14 @@ class PinnedConfig:
         from budgettune.blocks import find_blocks
         from budgettune.trial.recompute import apply_to_model
 
-        pinned_world = int(self.document.get("world_size", 1))
+        pinned_world = self.pin.world_size
         if in_place and (pinned_world > 1 or mesh is not None):
             raise PinnedConfigError(
                 f"{self.path}: a pin measured sharded ({pinned_world} ranks) is applied with "
                 "pinned.compile(model) on every rank under torchrun, not in place"
             )
         self.apply_allocator(stacklevel=3)
-        expected = (self.fingerprint.get("workload") or {}).get("param_count")
+        expected = self.fingerprint.workload.get("param_count")
         count = sum(p.numel() for p in model.parameters())
         if expected and expected != count:
             warnings.warn(
@@ -207,9 +213,11 @@ class PinnedConfig:
             blocks = find_blocks(model)
         running_world = world_size_from_env()
         if running_world != pinned_world:
-            split = (self.document.get("measured") or {}).get("split")
+            split = self.pin.measured.split
             text = world_size_warning(
-                pinned_world=pinned_world, running_world=running_world, split=split
+                pinned_world=pinned_world,
+                running_world=running_world,
+                split=None if split is None else split.to_json_dict(),
             )
             warnings.warn(
                 f"pinned config {self.path or ''}: {text}", StalePinWarning, stacklevel=2
@@ -292,7 +300,7 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
             "`budgettune export` from a matching budgettune"
         )
     try:
-        spec = TrialSpec.from_json_dict(data["spec"])
+        TrialSpec.from_json_dict(data["spec"])
     except (KeyError, TypeError, SpecError) as exc:
         raise PinnedConfigError(f"{source}: invalid pinned spec: {exc}") from None
     problem = first_problem(PinFields, data)
@@ -302,7 +310,14 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
             f"{source}: the pin's {problem.key} {found}; it must be {problem.allowed} "
             "(re-export the pin with `budgettune export`)"
         )
-    return PinnedConfig(spec=spec, document=data, path=source)
+    try:
+        pin = PinDocument.from_json_dict(data)
+    except (KeyError, TypeError, ValueError, SpecError) as exc:
+        raise PinnedConfigError(
+            f"{source}: the pin cannot be read: {exc!r} (re-export the pin with "
+            "`budgettune export`)"
+        ) from None
+    return PinnedConfig(pin=pin, document=data, path=source)
 
 
 def load_pinned(

@@ -18,10 +18,9 @@ from typing import Any
 import optuna
 import plotly.graph_objects as go
 
-from budgettune.pinning import phase_advice
-from budgettune.storage.trials import BASELINE_ATTR, is_feasible, trial_outcome
+from budgettune.pinning import PinDocument, phase_advice
+from budgettune.storage.trials import is_feasible, record_of
 from budgettune.trial.results import TrialOutcome
-from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes, format_percent
 
 logger = logging.getLogger(__name__)
@@ -62,11 +61,10 @@ def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) ->
     losses have no figures)."""
     points = []
     for trial in trials:
-        attrs = trial.user_attrs
-        known = trial_outcome(attrs)
-        outcome = known.value if known is not None else attrs.get("outcome", "")
-        peak = attrs.get(f"peak_{mem_metric}_bytes")
-        time_ms = attrs.get("step_time_ms")
+        record = record_of(trial)
+        known = record.outcome
+        peak = record.peak_bytes(mem_metric)
+        time_ms = record.step_time_ms
         if known is TrialOutcome.NON_FINITE:
             continue  # no figures to trust (an old database may hold some): counted as failed
         if peak is not None and time_ms is not None:
@@ -75,21 +73,18 @@ def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) ->
             kind, peak, time_ms = OOM, None, None
         else:
             continue
-        spec = attrs.get("spec")
         points.append(
             TrialPoint(
                 number=trial.number,
                 kind=kind,
-                peak_bytes=None if peak is None else int(peak),
-                step_time_ms=None if time_ms is None else float(time_ms),
-                peak_phase=attrs.get("peak_phase", "") or "",
-                baseline=attrs.get(BASELINE_ATTR, "") or "",
-                config=TrialSpec.from_json_dict(spec).describe() if spec else "",
-                outcome=outcome,
+                peak_bytes=peak,
+                step_time_ms=time_ms,
+                peak_phase=record.peak_phase or "",
+                baseline=record.baseline or "",
+                config=record.spec.describe() if record.spec else "",
+                outcome=record.outcome_label,
                 rank_peaks=tuple(
-                    int(r[f"peak_{mem_metric}_bytes"])
-                    for r in attrs.get("ranks", ())
-                    if r.get(f"peak_{mem_metric}_bytes") is not None
+                    p for p in (r.peak_bytes(mem_metric) for r in record.ranks) if p is not None
                 ),
             )
         )
@@ -101,7 +96,7 @@ def memory_time_figure(
     *,
     limit_bytes: int,
     mem_metric: str,
-    pin: Mapping[str, Any] | None,
+    pin: PinDocument | None,
 ) -> go.Figure:
     """Peak memory × step time: feasible, infeasible and OOM trials, the limit, the baselines
     labelled and the pinned configuration starred.
@@ -170,23 +165,22 @@ def memory_time_figure(
             )
         )
     if pin is not None:
-        measured_pin = pin["measured"]
+        measured_pin = pin.measured
         figure.add_trace(
             go.Scatter(
-                name=f"pinned (trial {pin['trial_number']})",
-                x=[measured_pin["peak_worst_bytes"] / scale],
-                y=[measured_pin["step_time_ms"]],
+                name=f"pinned (trial {pin.trial_number})",
+                x=[measured_pin.peak_worst_bytes / scale],
+                y=[measured_pin.step_time_ms],
                 mode="markers+text",
                 marker=dict(
                     color="#ffd700", size=22, symbol="star", line=dict(color="#000", width=1)
                 ),
-                text=[f"pinned #{pin['trial_number']}"],
+                text=[f"pinned #{pin.trial_number}"],
                 textposition="bottom center",
                 hovertext=[
-                    f"pinned: trial {pin['trial_number']} "
-                    f"{TrialSpec.from_json_dict(pin['spec']).describe()}<br>"
-                    f"worst re-measured peak {format_bytes(measured_pin['peak_worst_bytes'])}, "
-                    f"median {measured_pin['step_time_ms']:.2f} ms"
+                    f"pinned: trial {pin.trial_number} {pin.spec.describe()}<br>"
+                    f"worst re-measured peak {format_bytes(measured_pin.peak_worst_bytes)}, "
+                    f"median {measured_pin.step_time_ms:.2f} ms"
                 ],
                 hoverinfo="text",
             )
@@ -200,12 +194,12 @@ def memory_time_figure(
     title = f"Peak {mem_metric} memory vs step time"
     if pin is not None:
         title += (
-            f"<br><sup>pinned #{pin['trial_number']}: "
-            f"{format_bytes(pin['measured']['peak_worst_bytes'])}, "
-            f"{pin['measured']['step_time_ms']:.2f} ms"
+            f"<br><sup>pinned #{pin.trial_number}: "
+            f"{format_bytes(pin.measured.peak_worst_bytes)}, "
+            f"{pin.measured.step_time_ms:.2f} ms"
         )
-        if pin.get("baseline"):
-            title += f", {pin['baseline']['slowdown'] * 100:+.1f}% vs unconstrained"
+        if pin.baseline is not None:
+            title += f", {pin.baseline.slowdown * 100:+.1f}% vs unconstrained"
         title += "</sup>"
     grid = dict(gridcolor="#e6e6e6", zeroline=False, showline=True, linecolor="#999")
     # The "none" template keeps the stored JSON small (plotly_white alone is ~6.5 kB).
@@ -222,22 +216,22 @@ def memory_time_figure(
     return figure
 
 
-def _sharded_rows(pin: Mapping[str, Any]) -> list[str]:
+def _sharded_rows(pin: PinDocument) -> list[str]:
     """The note's rows for torchtitan's op SAC and, when sharded, the world size and ranks."""
     rows = []
-    op_sac = pin.get("op_sac")
-    if op_sac:
-        fits = "" if op_sac.get("fits") else ", does not fit"
+    op_sac = pin.op_sac
+    if op_sac is not None:
+        fits = "" if op_sac.fits else ", does not fit"
         rows.append(
-            f"| slowdown vs torchtitan op SAC | {op_sac['slowdown'] * 100:+.1f}% "
-            f"({op_sac['step_time_ms']:.2f} ms, peak {format_bytes(op_sac['peak_bytes'])}{fits}) |"
+            f"| slowdown vs torchtitan op SAC | {op_sac.slowdown * 100:+.1f}% "
+            f"({op_sac.step_time_ms:.2f} ms, peak {format_bytes(op_sac.peak_bytes)}{fits}) |"
         )
-    if pin.get("world_size", 1) > 1:
-        rows.append(f"| world size | {pin['world_size']} ranks, {pin.get('sharding', '')} |")
-        for row in pin["measured"].get("per_rank", ()):
+    if pin.world_size > 1:
+        rows.append(f"| world size | {pin.world_size} ranks, {pin.sharding} |")
+        for row in pin.measured.per_rank or ():
             rows.append(
-                f"| rank {row['rank']} | peak {format_bytes(row['peak_worst_bytes'])}, sharded "
-                f"state {format_bytes(row['steady_bytes'])}, {row['step_time_ms']:.2f} ms |"
+                f"| rank {row.rank} | peak {format_bytes(row.peak_worst_bytes)}, sharded "
+                f"state {format_bytes(row.steady_bytes)}, {row.step_time_ms:.2f} ms |"
             )
     return rows
 
@@ -248,7 +242,7 @@ def study_note(
     search: Mapping[str, Any],
     points: Sequence[TrialPoint],
     num_failed: int,
-    pin: Mapping[str, Any] | None,
+    pin: PinDocument | None,
 ) -> str:
     """The study note (Markdown): the workload and limit, trial counts, and the current pin
     with its peak against the limit, step time, slowdown and the optimizer-phase advice."""
@@ -268,49 +262,48 @@ def study_note(
         "",
     ]
     if pin is not None:
-        measured = pin["measured"]
-        peak = measured["peak_worst_bytes"]
-        share = (
-            f", {peak / pin['limit_bytes'] * 100:.1f}% of the limit" if pin["limit_bytes"] else ""
-        )
-        baseline = pin.get("baseline")
-        status = pin.get("baseline_status", "ok")
-        if baseline:
+        measured = pin.measured
+        peak = measured.peak_worst_bytes
+        share = f", {peak / pin.limit_bytes * 100:.1f}% of the limit" if pin.limit_bytes else ""
+        baseline = pin.baseline
+        status = pin.baseline_status
+        if baseline is not None:
             slowdown = (
-                f"{baseline['slowdown'] * 100:+.1f}% ({baseline['step_time_ms']:.2f} ms at "
-                f"budget 1.0, peak {format_bytes(baseline['peak_bytes'])}"
+                f"{baseline.slowdown * 100:+.1f}% ({baseline.step_time_ms:.2f} ms at "
+                f"budget 1.0, peak {format_bytes(baseline.peak_bytes)}"
                 + (", which does not fit)" if status == "over_limit" else ")")
             )
         elif status not in ("ok", "missing"):
             slowdown = f"none: the unconstrained baseline cannot run ({status})"
         else:
             slowdown = "unknown: the unconstrained baseline was not measured"
-        full_ac = pin.get("full_ac")
+        full_ac = pin.full_ac
         vs_full_ac = (
             [
-                f"| slowdown vs full block AC | {full_ac['slowdown'] * 100:+.1f}% "
-                f"({full_ac['step_time_ms']:.2f} ms, peak {format_bytes(full_ac['peak_bytes'])}) |"
+                f"| slowdown vs full block AC | {full_ac.slowdown * 100:+.1f}% "
+                f"({full_ac.step_time_ms:.2f} ms, peak {format_bytes(full_ac.peak_bytes)}) |"
             ]
-            if full_ac
+            if full_ac is not None
             else []
         )
+        runs = "?" if measured.runs is None else measured.runs
         lines += [
-            f"### Current pin: trial {pin['trial_number']}",
+            f"### Current pin: trial {pin.trial_number}",
             "",
-            code_span(TrialSpec.from_json_dict(pin["spec"]).describe()),
+            code_span(pin.spec.describe()),
             "",
             "| | |",
             "|---|---|",
-            f"| peak {pin['mem_metric']} (worst of {measured.get('runs', '?')} re-measurements) "
-            f"| {format_bytes(peak)}{share}, set in {measured.get('peak_phase', '?')} |",
-            f"| limit | {format_bytes(pin['limit_bytes'])} ({pin['mem_metric']}) |",
-            f"| step time (median) | {measured['step_time_ms']:.2f} ms |",
+            f"| peak {pin.mem_metric} (worst of {runs} re-measurements) "
+            f"| {format_bytes(peak)}{share}, set in {measured.peak_phase or '?'} |",
+            f"| limit | {format_bytes(pin.limit_bytes)} ({pin.mem_metric}) |",
+            f"| step time (median) | {measured.step_time_ms:.2f} ms |",
             f"| slowdown vs unconstrained | {slowdown} |",
             *vs_full_ac,
             *_sharded_rows(pin),
             "",
         ]
-        advice = pin.get("advice", "")
+        advice = pin.advice
     else:
         lines += [
             "### No pin yet",

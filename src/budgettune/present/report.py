@@ -15,19 +15,17 @@ import optuna
 
 from budgettune import storage as storage_mod
 from budgettune.errors import StudyNotFoundError, UsageError
-from budgettune.pinning import allocator_advice, phase_advice
+from budgettune.pinning import PinDocument, allocator_advice, phase_advice
 from budgettune.storage.trials import (
-    BASELINE_ATTR,
-    EXCLUDED_ATTR,
-    SETTLED_ATTR,
     baseline_status,
     describe_exclusion,
     describe_settlements,
     full_ac_step_ms,
     is_feasible,
-    trial_outcome,
+    record_of,
     unconstrained_baseline,
 )
+from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR
 from budgettune.trial.spec import TrialSpec
 
 
@@ -95,7 +93,7 @@ class StudyReport:
     pareto: tuple[TrialRow, ...]
     """Measured ok trials not dominated on (peak, step time), by peak."""
     pin: dict[str, Any] | None
-    """The latest pin of the study."""
+    """The latest pin of the study, its JSON as stored (`pin_document` reads it)."""
     advice: str
     """Said when recompute cannot help (the peak sits in the optimizer step)."""
     excluded: tuple[str, ...] = ()
@@ -106,6 +104,11 @@ class StudyReport:
     """Ranks per trial (above 1: sharded trials; peaks are per rank)."""
     study_settings: str = ""
     """The study-wide knobs not at their default (`TrialSpec.describe_study`)."""
+
+    @property
+    def pin_document(self) -> PinDocument | None:
+        """The latest pin, typed."""
+        return None if self.pin is None else PinDocument.from_json_dict(self.pin)
 
 
 def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
@@ -159,30 +162,29 @@ def _rows(
     trials: Sequence[optuna.trial.FrozenTrial], metric: str, full_ac_ms: float | None
 ) -> list[TrialRow]:
     baseline = unconstrained_baseline(trials)
-    baseline_ms = baseline["step_time_ms"] if baseline else None
+    baseline_ms = baseline.step_time_ms if baseline else None
     rows = []
     for t in trials:
-        a = t.user_attrs
-        spec = TrialSpec.from_json_dict(a["spec"]) if "spec" in a else None
-        time_ms = a.get("step_time_ms")
+        record = record_of(t)
+        time_ms = record.step_time_ms
         rows.append(
             TrialRow(
                 number=t.number,
                 state=t.state.name,
-                outcome=outcome.value if (outcome := trial_outcome(a)) else a.get("outcome", ""),
-                baseline=a.get(BASELINE_ATTR, ""),
-                config=spec.describe() if spec else "",
-                peak_bytes=a.get(f"peak_{metric}_bytes"),
+                outcome=record.outcome_label,
+                baseline=record.baseline or "",
+                config=record.spec.describe() if record.spec else "",
+                peak_bytes=record.peak_bytes(metric),
                 step_time_ms=time_ms,
                 slowdown=_slowdown(time_ms, baseline_ms),
                 slowdown_vs_full_ac=_slowdown(time_ms, full_ac_ms),
-                peak_phase=a.get("peak_phase", ""),
+                peak_phase=record.peak_phase or "",
                 feasible=is_feasible(t),
-                error=a.get("error", ""),
-                peak_allocated_bytes=a.get("peak_allocated_bytes"),
-                peak_reserved_bytes=a.get("peak_reserved_bytes"),
-                rank_peaks=tuple(r.get(f"peak_{metric}_bytes") for r in a.get("ranks", ())),
-                rank_step_ms=tuple(r.get("step_time_ms") for r in a.get("ranks", ())),
+                error=record.error,
+                peak_allocated_bytes=record.peak_allocated_bytes,
+                peak_reserved_bytes=record.peak_reserved_bytes,
+                rank_peaks=tuple(r.peak_bytes(metric) for r in record.ranks),
+                rank_step_ms=tuple(r.step_time_ms for r in record.ranks),
             )
         )
     return rows
@@ -221,13 +223,13 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     # where the fastest measured configuration shows a large gap.
     fastest = min(ok_rows, key=lambda r: r.step_time_ms or math.inf) if ok_rows else None
     if fastest is not None and fastest.peak_allocated_bytes and fastest.peak_reserved_bytes:
-        spec = next(t for t in trials if t.number == fastest.number).user_attrs["spec"]
+        spec = record_of(next(t for t in trials if t.number == fastest.number)).spec
         advice.append(
             allocator_advice(
                 peak_allocated_bytes=fastest.peak_allocated_bytes,
                 peak_reserved_bytes=fastest.peak_reserved_bytes,
                 mem_metric=metric,
-                alloc_conf=spec.get("cuda_alloc_conf", ""),
+                alloc_conf=spec.cuda_alloc_conf if spec is not None else "",
             )
         )
     return StudyReport(

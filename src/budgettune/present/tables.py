@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from budgettune.pinning.document import PinDocument
 from budgettune.trial.results import Measurement, TrialResult
-from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes
 
 
@@ -56,75 +56,78 @@ def rank_line(m: Measurement | None, error: str = "") -> str:
     )
 
 
-def pin_table(pin: dict, *, title: str = "pinned config") -> Table:
+def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
     """The pinned configuration and its figures."""
     table = Table(title=title, show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
-    measured = pin["measured"]
-    metric = pin["mem_metric"]
-    spec = TrialSpec.from_json_dict(pin["spec"])
-    table.add_row("config", spec.describe())
-    if spec.describe_study():  # the study-wide knobs (the compile backend)
-        table.add_row("for the study", spec.describe_study())
-    if pin.get("model_changes"):
-        table.add_row("model changed", ", ".join(pin["model_changes"]))
-    table.add_row("limit", f"{format_bytes(pin['limit_bytes'])} ({metric})")
+    measured = pin.measured
+    metric = pin.mem_metric
+    table.add_row("config", pin.spec.describe())
+    if pin.spec.describe_study():  # the study-wide knobs (the compile backend)
+        table.add_row("for the study", pin.spec.describe_study())
+    if pin.model_changes:
+        table.add_row("model changed", ", ".join(pin.model_changes))
+    table.add_row("limit", f"{format_bytes(pin.limit_bytes)} ({metric})")
     table.add_row(
         f"peak {metric}",
-        f"{format_bytes(measured['peak_worst_bytes'])} worst of {measured['runs']} runs "
-        f"(median {format_bytes(measured['peak_median_bytes'])}), set in {measured['peak_phase']}",
+        f"{format_bytes(measured.peak_worst_bytes)} worst of {measured.runs} runs "
+        f"(median {format_bytes(measured.peak_median_bytes)}), set in {measured.peak_phase}",
     )
-    table.add_row("step time", f"{measured['step_time_ms']:.2f} ms (median of re-measurements)")
+    table.add_row("step time", f"{measured.step_time_ms:.2f} ms (median of re-measurements)")
     table.add_row(
         "fits",
-        f"worst peak x {1 + pin.get('margin', 0.0):.2f} (the margin) "
-        f"= {format_bytes(int(measured['peak_worst_bytes'] * (1 + pin.get('margin', 0.0))))}"
-        f" <= {format_bytes(pin['limit_bytes'])}",
+        f"worst peak x {1 + pin.margin:.2f} (the margin) "
+        f"= {format_bytes(int(measured.peak_worst_bytes * (1 + pin.margin)))}"
+        f" <= {format_bytes(pin.limit_bytes)}",
     )
-    status = pin.get("baseline_status", "ok")
-    for key, label in (("baseline", "baseline (budget 1.0)"), ("full_ac", "full block AC")):
-        reference = pin.get(key)
-        if not reference:
+    status = pin.baseline_status
+    for reference, label in (
+        (pin.baseline, "baseline (budget 1.0)"),
+        (pin.full_ac, "full block AC"),
+    ):
+        if reference is None:
             continue
-        over = " (does not fit the limit)" if key == "baseline" and status == "over_limit" else ""
+        over = (
+            " (does not fit the limit)"
+            if reference is pin.baseline and status == "over_limit"
+            else ""
+        )
         table.add_row(
             label,
-            f"{format_bytes(reference['peak_bytes'])}, {reference['step_time_ms']:.2f} ms"
-            + (f" (median of {reference['runs']} runs)" if reference.get("runs") else "")
+            f"{format_bytes(reference.peak_bytes)}, {reference.step_time_ms:.2f} ms"
+            + (f" (median of {reference.runs} runs)" if reference.runs else "")
             + over,
         )
-        table.add_row(f"vs {label}", f"{reference['slowdown'] * 100:+.1f}%")
-    op_sac = pin.get("op_sac")
-    if op_sac:
+        table.add_row(f"vs {label}", f"{reference.slowdown * 100:+.1f}%")
+    op_sac = pin.op_sac
+    if op_sac is not None:
         table.add_row(
             "torchtitan op SAC",
-            f"{format_bytes(op_sac['peak_bytes'])}, {op_sac['step_time_ms']:.2f} ms"
-            + ("" if op_sac.get("fits") else " (does not fit the limit)"),
+            f"{format_bytes(op_sac.peak_bytes)}, {op_sac.step_time_ms:.2f} ms"
+            + ("" if op_sac.fits else " (does not fit the limit)"),
         )
-        table.add_row("vs op SAC", f"{op_sac['slowdown'] * 100:+.1f}%")
+        table.add_row("vs op SAC", f"{op_sac.slowdown * 100:+.1f}%")
     if status not in ("ok", "over_limit", "missing"):
         table.add_row("baseline (budget 1.0)", f"cannot run: {status}")
-    if pin.get("world_size", 1) > 1:
-        table.add_row("world size", f"{pin['world_size']} ranks; {pin.get('sharding', '')}")
-        for row in measured.get("per_rank", ()):
+    if pin.world_size > 1:
+        table.add_row("world size", f"{pin.world_size} ranks; {pin.sharding}")
+        for row in measured.per_rank or ():
             table.add_row(
-                f"rank {row['rank']}",
-                f"peak {format_bytes(row['peak_worst_bytes'])} (worst), sharded state "
-                f"{format_bytes(row['steady_bytes'])}, {row['step_time_ms']:.2f} ms",
+                f"rank {row.rank}",
+                f"peak {format_bytes(row.peak_worst_bytes)} (worst), sharded state "
+                f"{format_bytes(row.steady_bytes)}, {row.step_time_ms:.2f} ms",
             )
-        split = measured.get("split")
-        if split:
+        split = measured.split
+        if split is not None:
             table.add_row(
                 "per-rank split",
-                f"sharded state {format_bytes(split['sharded_state_bytes'])} (/ world size) + "
-                f"activations {format_bytes(split['activation_bytes'])} (not sharded)",
+                f"sharded state {format_bytes(split.sharded_state_bytes)} (/ world size) + "
+                f"activations {format_bytes(split.activation_bytes)} (not sharded)",
             )
-    if pin.get("advice"):
-        table.add_row("note", pin["advice"])
-    table.add_row(
-        "study", f"{pin['study_name']} (trial {pin['trial_number']}, {pin['trials']} trials)"
-    )
+    if pin.advice:
+        table.add_row("note", pin.advice)
+    table.add_row("study", f"{pin.study_name} (trial {pin.trial_number}, {pin.trials} trials)")
     return table
 
 

@@ -15,25 +15,28 @@ from budgettune.errors import UsageError
 from budgettune.search.space import spec_params
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
-    HEARTBEAT_ATTR,
     HIGH_BUDGET,
     HIGH_BUDGET_RETRY,
-    SEARCH_ATTR,
-    SPEC_ATTR,
     baseline_specs,
     high_budget_retry,
     make_sampler,
     study_attrs,
 )
-from budgettune.search.target import RETRY_HISTORY_ATTR, retried_numbers
-from budgettune.storage.trials import BASELINE_ATTR
+from budgettune.search.target import retried_numbers
+from budgettune.storage.user_attrs import (
+    BASELINE_ATTR,
+    ENQUEUED_SPEC_ATTR,
+    HEARTBEAT_ATTR,
+    RETRY_HISTORY_ATTR,
+    SEARCH_ATTR,
+    SPEC_ATTR,
+    TrialRecord,
+)
 from budgettune.trial.spec import TrialSpec
 
 logger = logging.getLogger(__name__)
 
 
-ENQUEUED_SPEC_ATTR = "enqueued_spec"
-"""Trial user attr of a queued trial: the `TrialSpec` it measures exactly (a baseline)."""
 QUEUE_ATTRS = (BASELINE_ATTR, ENQUEUED_SPEC_ATTR)
 """The user attrs a queued trial carries, and a re-queued copy keeps."""
 
@@ -42,7 +45,7 @@ def enqueue_baseline(study: optuna.Study, search: SearchSpec, label: str, spec: 
     """Queue ``spec`` as the study's next trial, measured exactly so, labelled ``label``."""
     study.enqueue_trial(
         spec_params(spec, search.space),
-        user_attrs={BASELINE_ATTR: label, ENQUEUED_SPEC_ATTR: spec.to_json_dict()},
+        user_attrs=TrialRecord(baseline=label, enqueued_spec=spec).to_attrs(),
     )
 
 
@@ -117,7 +120,10 @@ def requeue_unfinished(
     if trial.state == optuna.trial.TrialState.RUNNING:
         storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
         trial = storage.get_trial(trial_id)
-    if trial.state != optuna.trial.TrialState.FAIL or "outcome" in trial.user_attrs:
+    if (
+        trial.state != optuna.trial.TrialState.FAIL
+        or TrialRecord.from_attrs(trial.user_attrs).finished
+    ):
         return False
     if trial.number in retried_numbers(study.get_trials(deepcopy=False)):
         return False

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from budgettune.search.crash_memory import narrow
-from budgettune.search.opening import ENQUEUED_SPEC_ATTR, enqueue_baseline
+from budgettune.search.opening import enqueue_baseline
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
@@ -25,8 +25,8 @@ from budgettune.search.structured import (
     wants_structured_opening,
 )
 from budgettune.search.study import as_given
-from budgettune.storage.trials import BASELINE_ATTR, EXCLUDED_ATTR, FULL_AC, SETTLED_ATTR
-from budgettune.trial.spec import TrialSpec
+from budgettune.storage.trials import FULL_AC, record_of
+from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR
 
 _STATE = optuna.trial.TrialState
 
@@ -37,22 +37,20 @@ def points_of(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> li
     measured)."""
     points = []
     for trial in trials:
-        attrs = trial.user_attrs
-        spec_json = attrs.get("spec") or attrs.get(ENQUEUED_SPEC_ATTR)
-        if spec_json is None or (trial.state is _STATE.FAIL and "outcome" not in attrs):
+        record = record_of(trial)
+        spec = record.spec or record.enqueued_spec
+        if spec is None or (trial.state is _STATE.FAIL and not record.finished):
             continue  # a sampled trial not yet measured, or one failed before it ran
-        finished = "outcome" in attrs and trial.state.is_finished()
-        constraint = attrs.get("constraint")
-        peak = attrs.get(f"peak_{mem_metric}_bytes")
+        finished = record.finished and trial.state.is_finished()
         points.append(
             Point(
-                label=attrs.get(BASELINE_ATTR),
-                spec=TrialSpec.from_json_dict(spec_json),
+                label=record.baseline,
+                spec=spec,
                 finished=finished,
-                outcome=attrs.get("outcome") if finished else None,
-                peak_bytes=peak,
-                step_time_ms=attrs.get("step_time_ms"),
-                fits=None if not constraint else constraint[0] <= 0,
+                outcome=record.stored_outcome if finished else None,
+                peak_bytes=record.peak_bytes(mem_metric),
+                step_time_ms=record.step_time_ms,
+                fits=None if record.violation_bytes is None else record.fits(),
             )
         )
     return points

@@ -12,39 +12,115 @@ are re-measured as often as the pin.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 import optuna
 
 from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
-from budgettune.pinning import Candidate, build_pin, choose_pin, phase_advice
+from budgettune.pinning import (
+    Candidate,
+    PinDocument,
+    PinScope,
+    ReferenceTrial,
+    build_pin,
+    choose_pin,
+    phase_advice,
+)
 from budgettune.search.fresh import FreshJob
+from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import (
     FULL_AC,
     OP_SAC,
     UNCONSTRAINED,
+    TrialRecord,
     baseline_status,
     baseline_trial,
     feasible_candidates,
+    metric_peak,
+    record_of,
     smallest_peak,
-    trial_outcome,
 )
 from budgettune.trial.results import TrialOutcome, TrialResult
-from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes, format_percent
-
-if TYPE_CHECKING:
-    from budgettune.search.searcher import Searcher
-    from budgettune.search.spec import SearchSpec
 
 MAX_CANDIDATES = 8
 """At most this many feasible configurations are re-measured (or ``--top-k``, if larger)
 before the search gives up with exit 3: each costs ``--reverify`` fresh runs."""
 
 
+class StudyTrials(Protocol):
+    """The study's trials (an `optuna.Study`)."""
+
+    def get_trials(self, deepcopy: bool = ...) -> list[optuna.trial.FrozenTrial]:
+        """Every trial of the study."""
+        ...
+
+
+class PinRecorder(Protocol):
+    """Where the pin is recorded (a `budgettune.storage.Storage`)."""
+
+    def record_pin(
+        self,
+        *,
+        study_name: str,
+        pin: Mapping[str, Any],
+        peak_bytes: int,
+        step_time_ms: float,
+        slowdown: float | None,
+        limit_bytes: int,
+        mem_metric: str,
+    ) -> int:
+        """Store the pin's JSON with its headline figures."""
+        ...
+
+
+class Notices(Protocol):
+    """Receives one-line notices (a `search.study.SearchObserver`)."""
+
+    def notice(self, text: str) -> None:
+        """Something the user should read as it happens."""
+        ...
+
+
+class PinSteps(Protocol):
+    """What the pin step needs of a search (the `Searcher` has it): the search's spec, its
+    study's trials, fresh re-measurements, somewhere to say what it does and to record the
+    pin, and the run folder its errors point to."""
+
+    @property
+    def search(self) -> SearchSpec:
+        """The search: its limit, metric, margin, ``--top-k``, workload and study name."""
+        ...
+
+    @property
+    def study(self) -> StudyTrials:
+        """The study's trials."""
+        ...
+
+    @property
+    def store(self) -> PinRecorder:
+        """Where the pin is recorded."""
+        ...
+
+    @property
+    def observer(self) -> Notices:
+        """Where notices go."""
+        ...
+
+    @property
+    def runs_dir(self) -> Path:
+        """The study's run folder (trial logs)."""
+        ...
+
+    def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
+        """Measure each job ``--reverify`` times in fresh processes."""
+        ...
+
+
 def reverify_until_one_fits(
-    searcher: Searcher, candidates: Sequence[Candidate]
+    searcher: PinSteps, candidates: Sequence[Candidate]
 ) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
     """Re-measure candidates (fastest first) until one qualifies; None when none does.
 
@@ -97,8 +173,8 @@ def reverify_until_one_fits(
 
 
 def remeasure(
-    searcher: Searcher,
-    references: Sequence[tuple[optuna.trial.FrozenTrial | None, str, bool]],
+    searcher: PinSteps,
+    references: Sequence[tuple[tuple[optuna.trial.FrozenTrial, TrialRecord] | None, str, bool]],
     reverified: dict[int, list[TrialResult]],
 ) -> list[list[TrialResult]]:
     """References measured as often as the pin, so a slowdown compares medians of the same
@@ -106,20 +182,20 @@ def remeasure(
     a candidate shares reuses its re-verification.
 
     Args:
-        references: (trial or None, name, check numerics) of each reference.
+        references: ((trial, its record) or None, name, check numerics) of each reference.
     """
     trials = searcher.study.get_trials(deepcopy=False)
     out: list[list[TrialResult] | None] = []
     jobs: list[FreshJob] = []
-    for trial, name, check in references:
-        if trial is None or "step_time_ms" not in trial.user_attrs:
+    for found, name, check in references:
+        if found is None or not found[1].measured or found[1].spec is None:
             out.append([])
             continue
-        spec = TrialSpec.from_json_dict(trial.user_attrs["spec"])
+        trial, spec = found[0], found[1].spec
         shared = [
             results
             for number, results in reverified.items()
-            if TrialSpec.from_json_dict(trials[number].user_attrs["spec"]) == spec
+            if record_of(trials[number]).spec == spec
         ]
         if shared:
             out.append(list(shared[0]))
@@ -138,7 +214,38 @@ def remeasure(
     return [results if results is not None else next(measured) for results in out]
 
 
-def pin_study(searcher: Searcher) -> dict[str, Any]:
+def reference_trial(record: TrialRecord | None, mem_metric: str) -> ReferenceTrial | None:
+    """A measured reference's trial as the pin reads it (None: not measured)."""
+    if record is None or record.spec is None or record.step_time_ms is None:
+        return None
+    return ReferenceTrial(
+        spec=record.spec,
+        peak_bytes=metric_peak(record, mem_metric),
+        peak_device_bytes=record.peak_device_bytes,
+        step_time_ms=record.step_time_ms,
+        peak_phase=record.peak_phase,
+    )
+
+
+def _record(found: tuple[optuna.trial.FrozenTrial, TrialRecord] | None) -> TrialRecord | None:
+    return None if found is None else found[1]
+
+
+def pin_scope(search: SearchSpec) -> PinScope:
+    """What the pin records of the search."""
+    return PinScope(
+        study_name=search.study_name,
+        workload=search.workload,
+        workload_options=search.workload_options,
+        device=search.device,
+        limit_bytes=search.max_mem_bytes,
+        mem_metric=search.mem_metric,
+        margin=search.margin,
+        world_size=search.nproc_per_node,
+    )
+
+
+def pin_study(searcher: PinSteps) -> PinDocument:
     """Re-verify, choose, build and record the pin of the searcher's study.
 
     Raises:
@@ -163,11 +270,11 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
         margin=search.margin,
     )
     full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
-    if full_ac is not None and trial_outcome(full_ac.user_attrs) is not TrialOutcome.OK:
+    if full_ac is not None and full_ac[1].outcome is not TrialOutcome.OK:
         full_ac = None
     measured = unconstrained if status in ("ok", "over_limit") else None
     op_sac = baseline_trial(trials, OP_SAC)
-    if op_sac is not None and trial_outcome(op_sac.user_attrs) is not TrialOutcome.OK:
+    if op_sac is not None and op_sac[1].outcome is not TrialOutcome.OK:
         op_sac = None
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
     baseline_runs, full_ac_runs, op_sac_runs = remeasure(
@@ -175,26 +282,27 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
         [(measured, "unconstrained", False), (full_ac, "full-AC", True), (op_sac, "op-SAC", True)],
         reverified,
     )
+    metric = search.mem_metric
     pin = build_pin(
-        search=search,
+        scope=pin_scope(search),
         candidate=candidate,
         reverify_results=results,
-        baseline=dict(measured.user_attrs) if measured is not None else None,
+        baseline=reference_trial(_record(measured), metric),
         baseline_results=baseline_runs,
         baseline_status=status,
-        full_ac=dict(full_ac.user_attrs) if full_ac is not None else None,
+        full_ac=reference_trial(_record(full_ac), metric),
         full_ac_results=full_ac_runs,
-        op_sac=dict(op_sac.user_attrs) if op_sac is not None else None,
+        op_sac=reference_trial(_record(op_sac), metric),
         op_sac_results=op_sac_runs,
-        trials=len(searcher.study.trials),
+        trials=len(searcher.study.get_trials(deepcopy=False)),
     )
-    reference = pin["baseline"] if status == "ok" else pin["full_ac"] or pin["baseline"]
+    reference = pin.reference()
     searcher.store.record_pin(
         study_name=search.study_name,
-        pin=pin,
-        peak_bytes=pin["measured"]["peak_worst_bytes"],
-        step_time_ms=pin["measured"]["step_time_ms"],
-        slowdown=reference["slowdown"] if reference else None,
+        pin=pin.to_json_dict(),
+        peak_bytes=pin.measured.peak_worst_bytes,
+        step_time_ms=pin.measured.step_time_ms,
+        slowdown=reference.slowdown if reference is not None else None,
         limit_bytes=search.max_mem_bytes,
         mem_metric=search.mem_metric,
     )
@@ -202,7 +310,7 @@ def pin_study(searcher: Searcher) -> dict[str, Any]:
 
 
 def no_feasible_error(
-    searcher: Searcher, *, after_reverify: bool = False
+    searcher: PinSteps, *, after_reverify: bool = False
 ) -> NoFeasibleConfigError:
     """Exit 3's one line: the smallest peak seen and the configuration that gave it."""
     search = searcher.search
@@ -219,7 +327,7 @@ def no_feasible_error(
     what = "re-verified" if after_reverify else "measured"
     # a trial with wrong numerics does not count whatever the margin
     smallest_ok = smallest_peak(
-        (t for t in trials if trial_outcome(t.user_attrs) is TrialOutcome.OK), search.mem_metric
+        (t for t in trials if record_of(t).outcome is TrialOutcome.OK), search.mem_metric
     )
     hint = margin_advice(smallest_ok[0], search) if smallest_ok and not after_reverify else ""
     advice = [a for a in (phase_advice(phase), hint) if a]
@@ -233,16 +341,16 @@ def no_feasible_error(
     )
 
 
-def nothing_measured_error(searcher: Searcher) -> NothingMeasuredError | None:
+def nothing_measured_error(searcher: PinSteps) -> NothingMeasuredError | None:
     """Exit 4's one line, when no finished trial of the study says whether its configuration
     fits (every one crashed, timed out or had a non-finite loss): it names the first one's
     error and log. None when some trial was measured or ran out of memory (then exit 3)."""
     finished = [
-        (trial, outcome)
+        (trial.number, record, outcome)
         for trial in searcher.study.get_trials(deepcopy=False)
-        if (outcome := trial_outcome(trial.user_attrs)) is not None
+        if (outcome := (record := record_of(trial)).outcome) is not None
     ]
-    if any(outcome.tells_fit() for _, outcome in finished):
+    if any(outcome.tells_fit() for _, _, outcome in finished):
         return None
     name = searcher.search.study_name
     if not finished:
@@ -250,14 +358,14 @@ def nothing_measured_error(searcher: Searcher) -> NothingMeasuredError | None:
             f"study {name!r} has no finished trial to pin; run `budgettune search` with "
             "--trials N to measure some"
         )
-    counts = Counter(outcome.value for _, outcome in finished)
-    first, outcome = min(finished, key=lambda item: item[0].number)
+    counts = Counter(outcome.value for _, _, outcome in finished)
+    number, first, outcome = min(finished, key=lambda item: item[0])
     return NothingMeasuredError(
         f"no trial could be measured: {len(finished)} ended "
         + ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
-        + f"; the first, trial {first.number}, ended {outcome.value}: "
-        f"{first.user_attrs.get('error') or 'no error recorded'} "
-        f"(log: {first.user_attrs.get('log_path') or searcher.runs_dir}); fix what it says "
+        + f"; the first, trial {number}, ended {outcome.value}: "
+        f"{first.error or 'no error recorded'} "
+        f"(log: {first.log_path or searcher.runs_dir}); fix what it says "
         "and run the search again (a larger --max-mem will not help)"
     )
 

@@ -7,24 +7,45 @@ written (as study system attrs, through optuna-dashboard's Python API), after ea
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import optuna
 import optuna_dashboard
 
-from budgettune import storage as storage_mod
 from budgettune.errors import StorageError, StudyNotFoundError, one_line
+from budgettune.pinning import PinDocument
 from budgettune.present.dashboard_views import (
     PLOT_ID,
     memory_time_figure,
     study_note,
     trial_points,
 )
-from budgettune.storage.trials import trial_outcome
+from budgettune.storage.trials import record_of
+from budgettune.storage.user_attrs import SEARCH_ATTR
 
 logger = logging.getLogger(__name__)
 
 
-def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
+class ViewStore(Protocol):
+    """What publishing needs of the storage (a `budgettune.storage.Storage`)."""
+
+    @property
+    def optuna_storage(self) -> optuna.storages.BaseStorage:
+        """Optuna's storage, where the study and its dashboard views live."""
+        ...
+
+    @property
+    def display_url(self) -> str:
+        """The storage URL with its password masked, for messages."""
+        ...
+
+    def latest_pin(self, study_name: str) -> Mapping[str, Any] | None:
+        """The study's current pin JSON, or None."""
+        ...
+
+
+def publish_views(storage: ViewStore, study_name: str) -> None:
     """Push budgettune's views of a study into its optuna-dashboard page.
 
     Writes the memory × time scatter (graph object `PLOT_ID`) and the study note; calling it
@@ -42,15 +63,15 @@ def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
         study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
     except KeyError:
         raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
-    search = study.user_attrs.get("search", {})
+    search = study.user_attrs.get(SEARCH_ATTR, {})
     metric = search.get("mem_metric", "device")
     trials = study.get_trials(deepcopy=False)
     points = trial_points(trials, metric)
     num_failed = sum(
-        (outcome := trial_outcome(t.user_attrs)) is not None and not outcome.tells_fit()
-        for t in trials
+        (outcome := record_of(t).outcome) is not None and not outcome.tells_fit() for t in trials
     )
-    pin = storage.latest_pin(study_name)
+    stored = storage.latest_pin(study_name)
+    pin = None if stored is None else PinDocument.from_json_dict(stored)
     figure = memory_time_figure(
         points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin
     )
@@ -68,7 +89,7 @@ def publish_views(storage: storage_mod.Storage, study_name: str) -> None:
     logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))
 
 
-def refresh_views(storage: storage_mod.Storage, study_name: str) -> None:
+def refresh_views(storage: ViewStore, study_name: str) -> None:
     """`publish_views`, with a failure logged instead of raised: the views are a nicety, and
     the search must go on."""
     try:

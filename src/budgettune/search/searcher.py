@@ -39,7 +39,6 @@ from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
 from budgettune.search.opening import (
-    ENQUEUED_SPEC_ATTR,
     open_study,
     requeue_unfinished,
     retry_high_budget,
@@ -52,19 +51,23 @@ from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import (
     HIGH_BUDGET,
-    WORKER_ATTR,
     SearchObserver,
     TrialEvent,
     TrialFailed,
-    result_attrs,
 )
-from budgettune.search.target import TARGET_ATTR, NextStep, TrialCount, study_count
+from budgettune.search.target import NextStep, TrialCount, study_count
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
     UNCONSTRAINED,
     best_feasible_ms,
     unconstrained_baseline,
+)
+from budgettune.storage.user_attrs import (
+    ENQUEUED_SPEC_ATTR,
+    TARGET_ATTR,
+    WORKER_ATTR,
+    result_attrs,
 )
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialOutcome, TrialResult
@@ -145,8 +148,8 @@ class Searcher:
 
     def reference(self) -> dict[str, float] | None:
         """First-step loss and grad norm of the study's unconstrained baseline, if measured."""
-        attrs = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
-        return None if attrs is None else {"loss": attrs["loss"], "grad_norm": attrs["grad_norm"]}
+        found = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
+        return None if found is None else found.first_step()
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
@@ -376,8 +379,8 @@ class Searcher:
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
 
     def pin(self) -> dict[str, Any]:
-        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`)."""
-        return pin_study(self)
+        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`): its JSON."""
+        return pin_study(self).to_json_dict()
 
 
 def _steady_error(

@@ -1,11 +1,11 @@
 """What a study is made of: its name and attrs, its sampler and constraint, its baselines,
-the user attrs of a measured trial, and the events a search reports to its observer.
+and the events a search reports to its observer (the user attrs' keys and a trial's record
+are `storage.user_attrs`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import warnings
 from collections.abc import Sequence
@@ -18,18 +18,9 @@ import optuna
 from budgettune.search.spec import STUDY_NAME_PATTERN, SearchSpec
 from budgettune.search.structured import settle_probes, wants_structured_opening
 from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
-from budgettune.trial.results import RankFigures, TrialResult
+from budgettune.storage.user_attrs import violation_of
+from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
-
-SEARCH_ATTR = "search"
-"""Study user attr: what must stay the same when the study is resumed (`study_attrs`)."""
-SPEC_ATTR = "search_spec"
-"""Study user attr: the whole `SearchSpec` (JSON, no storage URL), read by workers."""
-WORKER_ATTR = "worker"
-"""Trial user attr: ``host:device`` of the worker that ran it (throughput per worker)."""
-HEARTBEAT_ATTR = "heartbeat_s"
-"""Study user attr: the one trial-heartbeat interval of every process that runs its trials
-(a worker's stale-trial check must not fail a trial whose process beats more slowly)."""
 
 HIGH_BUDGET, HIGH_BUDGET_RETRY = "budget-0.8", "budget-0.8-as-given"
 """Baseline labels of the high-budget probe (`baseline_specs`) and of its retry at the user's
@@ -141,7 +132,7 @@ def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:
 
 def constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
     """Optuna constraint: ``peak × (1 + margin) − limit`` (≤ 0 fits), stored by the objective."""
-    return trial.user_attrs.get("constraint", [math.inf])
+    return [violation_of(trial.user_attrs)]
 
 
 def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
@@ -220,63 +211,6 @@ def _leanest(search: SearchSpec) -> dict[str, str]:
     if "cuda_alloc_conf" not in space.fixed and EXPANDABLE in space.cuda_alloc_confs:
         lean["cuda_alloc_conf"] = EXPANDABLE
     return lean
-
-
-def result_attrs(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
-    """Everything measured, as trial user attrs any Optuna tool can read."""
-    attrs: dict[str, Any] = {
-        "outcome": result.outcome.value,
-        "error": result.error,
-        "failed_stage": result.failed_stage,  # "workload": it failed before any knob mattered
-        "spec": spec.to_json_dict(),
-        "log_path": result.log_path,
-        "wall_s": round(result.wall_s, 3),
-        "device_name": result.device_name,
-        "torch_version": result.torch_version,
-        "world_size": result.world_size,
-    }
-    if result.model_changes:
-        attrs["model_changes"] = list(result.model_changes)
-    if result.world_size > 1:
-        attrs["failed_rank"] = result.failed_rank
-        attrs["ranks"] = [rank_attrs(r) for r in result.ranks]
-    m = result.measurement
-    if m is not None:
-        attrs.update(
-            {
-                "peak_allocated_bytes": m.peak_allocated_bytes,
-                "peak_reserved_bytes": m.peak_reserved_bytes,
-                "peak_device_bytes": m.peak_device_bytes,
-                "steady_bytes": m.steady_bytes,
-                "phase_peak_bytes": dict(m.phase_peak_bytes),
-                "peak_phase": m.peak_phase,
-                "step_time_ms": m.step_time_ms,
-                "step_time_p10_ms": m.step_time_p10_ms,
-                "step_time_p90_ms": m.step_time_p90_ms,
-                "compile_s": m.compile_s,
-                "loss": m.loss,
-                "grad_norm": m.grad_norm,
-            }
-        )
-    return attrs
-
-
-def rank_attrs(rank: RankFigures) -> dict[str, Any]:
-    """One rank's figures as a JSON dict (the trial's ``ranks`` user attr)."""
-    m = rank.measurement
-    figures: dict[str, Any] = {"rank": rank.rank, "outcome": rank.outcome.value}
-    if rank.error:
-        figures["error"] = rank.error
-    if m is not None:
-        figures.update(
-            peak_allocated_bytes=m.peak_allocated_bytes,
-            peak_reserved_bytes=m.peak_reserved_bytes,
-            peak_device_bytes=m.peak_device_bytes,
-            steady_bytes=m.steady_bytes,
-            peak_phase=m.peak_phase,
-            step_time_ms=m.step_time_ms,
-        )
-    return figures
 
 
 class SearchObserver:

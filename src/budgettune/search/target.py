@@ -23,12 +23,10 @@ from enum import Enum
 
 import optuna
 
+from budgettune.storage.user_attrs import RETRY_HISTORY_ATTR, TARGET_ATTR
+
 TrialState = optuna.trial.TrialState
 
-TARGET_ATTR = "target_trials"
-"""Study user attr: the number of counted trials the study's workers run up to."""
-RETRY_HISTORY_ATTR = "retry_history"
-"""Trial system attr written by Optuna's stale-trial retry: the trials this one re-runs."""
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 

@@ -117,8 +117,8 @@ def verify_pin(
         DeviceUnavailableError: the device is not here.
     """
     pinned = load_pinned(path, warn=False, apply_allocator=False)  # the trial child sets it
-    doc = pinned.document
-    reference = doc["workload"]
+    pin = pinned.pin
+    reference = pin.workload
     check_reference(reference)
     if not pinned_digest(pinned) and not allow_other_workload:
         raise WorkloadMismatchError(
@@ -128,11 +128,11 @@ def verify_pin(
     run = TrialRun(
         spec=pinned.spec,
         workload=reference,
-        workload_options=doc.get("workload_options", {}),
-        device=device or doc.get("device", "cpu"),
+        workload_options=pin.workload_options,
+        device=device or pin.device,
         cache_root=None,
         # a sharded pin is re-measured as it was measured: the same number of ranks
-        nproc_per_node=int(doc.get("world_size", 1)),
+        nproc_per_node=pin.world_size,
     )
     check_device_available(run.device)
     if on_start is not None:
@@ -152,8 +152,8 @@ def verify_pin(
             )
     return VerifyReport(
         path=str(path),
-        limit_bytes=int(doc["limit_bytes"]),
-        mem_metric=doc["mem_metric"],
+        limit_bytes=pin.limit_bytes,
+        mem_metric=pin.mem_metric,
         results=tuple(results),
         workload_mismatch=mismatch,
     )
@@ -161,7 +161,7 @@ def verify_pin(
 
 def pinned_digest(pinned: PinnedConfig) -> str:
     """The pinned workload's fingerprint digest (empty when the pin records none)."""
-    return str((pinned.fingerprint.get("workload") or {}).get("digest") or "")
+    return str(pinned.fingerprint.workload.get("digest") or "")
 
 
 def workload_mismatch(pinned: PinnedConfig, result: TrialResult) -> str:

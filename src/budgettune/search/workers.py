@@ -36,9 +36,10 @@ from budgettune.errors import (
 )
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec, check_study_name
-from budgettune.search.study import HEARTBEAT_ATTR, SPEC_ATTR, SearchObserver
+from budgettune.search.study import SearchObserver
 from budgettune.search.target import TrialCount
 from budgettune.storage.coordination import database_errors
+from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
 from budgettune.trial.devices import check_device_available, cuda_device_count
 from budgettune.trial.processes import spawn
 from budgettune.trial.spec import DEVICE_PATTERN

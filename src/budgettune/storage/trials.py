@@ -1,24 +1,51 @@
 """Reading budgettune's measurements back from Optuna trials (their user attrs).
 
-The search writes every measurement into its trial's user attrs (`search.result_attrs`); the
-search, `show` and the dashboard read them back through these functions, so "feasible", "the
-unconstrained baseline" and "the peak on the study's metric" mean one thing everywhere.
+The search writes every measurement into its trial's user attrs (`storage.user_attrs`); the
+search, `show` and the dashboard read them back through these functions, each trial as a
+`TrialRecord`, so "feasible", "the unconstrained baseline" and "the peak on the study's metric"
+mean one thing everywhere.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import optuna
 
 from budgettune.pinning import Candidate, fits_limit
+from budgettune.storage.user_attrs import (
+    BASELINE_ATTR,
+    EXCLUDED_ATTR,
+    SETTLED_ATTR,
+    TrialRecord,
+)
 from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import TrialSpec
 
-BASELINE_ATTR = "baseline"
-"""User attr naming an enqueued baseline (``unconstrained``, ``block-ac-every-1``, ...)."""
+__all__ = [
+    "BASELINE_ATTR",
+    "EXCLUDED_ATTR",
+    "FULL_AC",
+    "OP_SAC",
+    "SETTLED_ATTR",
+    "UNCONSTRAINED",
+    "TrialRecord",
+    "baseline_status",
+    "baseline_trial",
+    "best_feasible_ms",
+    "describe_exclusion",
+    "describe_settlements",
+    "feasible_candidates",
+    "full_ac_step_ms",
+    "is_feasible",
+    "metric_peak",
+    "record_of",
+    "smallest_peak",
+    "trial_outcome",
+    "unconstrained_baseline",
+]
+
 UNCONSTRAINED = "unconstrained"
 """The baseline every slowdown and numerics check refers to (budget 1.0, optimizer as written)."""
 FULL_AC = "block-ac-every-1"
@@ -28,27 +55,16 @@ OP_SAC = "op-sac"
 "selective" mode); the pin reports its slowdown against it where it fits."""
 
 
+def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord:
+    """The typed record of what ``trial`` stored (`TrialRecord.from_attrs`)."""
+    return TrialRecord.from_attrs(trial.user_attrs)
+
+
 def trial_outcome(attrs: Mapping[str, Any]) -> TrialOutcome | None:
-    """The outcome a trial's user attrs record; None while it has none (queued, running,
-    interrupted) or when it names one this budgettune does not know.
-
-    A trial stored ``ok`` with a non-finite first-step loss or grad norm (written before
-    ``non_finite`` existed) reads as ``non_finite``: it was never a configuration to pin.
-    """
-    try:
-        outcome = TrialOutcome(attrs.get("outcome"))
-    except ValueError:
-        return None
-    if outcome is TrialOutcome.OK and not all(
-        _finite(attrs.get(name, 0.0)) for name in ("loss", "grad_norm")
-    ):
-        return TrialOutcome.NON_FINITE
-    return outcome
-
-
-def _finite(value: Any) -> bool:
-    # SQLite-backed attrs are JSON: a NaN loss may come back as NaN or as null
-    return isinstance(value, int | float) and math.isfinite(value)
+    """The outcome a trial's user attrs record (`TrialRecord.outcome`): None while it has
+    none (queued, running, interrupted) or when it names one this budgettune does not know;
+    an ``ok`` with a non-finite loss or grad norm reads as ``non_finite``."""
+    return TrialRecord.from_attrs(attrs).outcome
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
@@ -58,38 +74,45 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     is the same "fits" as the pin's; since the margin-aware search, trials that do not fit are
     PRUNED rather than COMPLETE (Optuna's own "best trial" is then the fastest that fits).
     """
-    return (
-        trial.state == optuna.trial.TrialState.COMPLETE
-        and trial_outcome(trial.user_attrs) is TrialOutcome.OK
-        and trial.user_attrs.get("constraint", [math.inf])[0] <= 0
-    )
+    if trial.state != optuna.trial.TrialState.COMPLETE:
+        return False
+    record = record_of(trial)
+    return record.outcome is TrialOutcome.OK and record.fits()
 
 
-def metric_peak(attrs: Mapping[str, Any], mem_metric: str) -> int:
-    """The peak on ``mem_metric`` (device, reserved or allocated) of a measured trial."""
-    return int(attrs[f"peak_{mem_metric}_bytes"])
+def metric_peak(record: TrialRecord, mem_metric: str) -> int:
+    """The peak on ``mem_metric`` (device, reserved or allocated) of a measured trial.
+
+    Raises:
+        KeyError: the trial has no such peak (it was not measured).
+    """
+    peak = record.peak_bytes(mem_metric)
+    if peak is None:
+        raise KeyError(f"peak_{mem_metric}_bytes")
+    return peak
 
 
 def unconstrained_baseline(
     trials: Iterable[optuna.trial.FrozenTrial], *, measured: str = "step_time_ms"
-) -> dict[str, Any] | None:
-    """User attrs of the unconstrained baseline, once it has ``measured`` (else None); one
-    stored ``ok`` with a non-finite loss (an old database) is no reference."""
+) -> TrialRecord | None:
+    """The record of the unconstrained baseline, once it has ``measured`` (``step_time_ms``
+    or ``loss``; else None); one stored ``ok`` with a non-finite loss (an old database) is no
+    reference."""
     for trial in trials:
-        attrs = trial.user_attrs
+        record = record_of(trial)
         if (
-            attrs.get(BASELINE_ATTR) == UNCONSTRAINED
-            and measured in attrs
-            and trial_outcome(attrs) is not TrialOutcome.NON_FINITE
+            record.baseline == UNCONSTRAINED
+            and getattr(record, measured) is not None
+            and record.outcome is not TrialOutcome.NON_FINITE
         ):
-            return dict(attrs)
+            return record
     return None
 
 
 def best_feasible_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
     """Fastest median step time among feasible trials."""
-    times = [t.user_attrs["step_time_ms"] for t in trials if is_feasible(t)]
-    return min(times) if times else None
+    times = [record_of(t).step_time_ms for t in trials if is_feasible(t)]
+    return min((ms for ms in times if ms is not None), default=None)
 
 
 def feasible_candidates(
@@ -100,15 +123,17 @@ def feasible_candidates(
     for trial in trials:
         if not is_feasible(trial):
             continue
-        attrs = trial.user_attrs
-        spec = TrialSpec.from_json_dict(attrs["spec"])
+        record = record_of(trial)
+        spec, step_ms = record.spec, record.step_time_ms
+        if spec is None or step_ms is None:
+            continue
         key = repr(sorted(spec.to_json_dict().items()))
-        if key not in seen or attrs["step_time_ms"] < seen[key].step_time_ms:
+        if key not in seen or step_ms < seen[key].step_time_ms:
             seen[key] = Candidate(
                 trial_number=trial.number,
                 spec=spec,
-                step_time_ms=attrs["step_time_ms"],
-                peak_bytes=metric_peak(attrs, mem_metric),
+                step_time_ms=step_ms,
+                peak_bytes=metric_peak(record, mem_metric),
             )
     return sorted(seen.values(), key=lambda c: c.step_time_ms)
 
@@ -117,26 +142,28 @@ def smallest_peak(
     trials: Iterable[optuna.trial.FrozenTrial], mem_metric: str
 ) -> tuple[int, TrialSpec, str | None] | None:
     """The lowest measured peak, its configuration and the phase that set it."""
-    measured = [t for t in trials if f"peak_{mem_metric}_bytes" in t.user_attrs]
+    measured = [
+        (peak, record)
+        for record in map(record_of, trials)
+        if (peak := record.peak_bytes(mem_metric)) is not None and record.spec is not None
+    ]
     if not measured:
         return None
-    best = min(measured, key=lambda t: metric_peak(t.user_attrs, mem_metric))
-    attrs = best.user_attrs
-    return (
-        metric_peak(attrs, mem_metric),
-        TrialSpec.from_json_dict(attrs["spec"]),
-        attrs.get("peak_phase"),
-    )
+    peak, record = min(measured, key=lambda item: item[0])
+    assert record.spec is not None
+    return peak, record.spec, record.peak_phase
 
 
 def baseline_trial(
     trials: Iterable[optuna.trial.FrozenTrial], label: str
-) -> optuna.trial.FrozenTrial | None:
-    """The last finished trial of the baseline named ``label`` (e.g. `FULL_AC`), or None."""
+) -> tuple[optuna.trial.FrozenTrial, TrialRecord] | None:
+    """The last finished trial of the baseline named ``label`` (e.g. `FULL_AC`) with its
+    record, or None."""
     found = None
     for trial in trials:
-        if trial.user_attrs.get(BASELINE_ATTR) == label and "outcome" in trial.user_attrs:
-            found = trial
+        record = record_of(trial)
+        if record.baseline == label and record.finished:
+            found = (trial, record)
     return found
 
 
@@ -149,28 +176,23 @@ def baseline_status(
         ``ok``; ``over_limit`` (measured, but its peak does not fit); the outcome that kept it
         from being measured (``oom``, ``crashed``, ...); or ``missing`` (not run yet).
     """
-    trial = baseline_trial(trials, UNCONSTRAINED)
-    if trial is None:
+    found = baseline_trial(trials, UNCONSTRAINED)
+    if found is None:
         return "missing"
-    attrs = trial.user_attrs
-    outcome = trial_outcome(attrs)
-    if outcome is not TrialOutcome.OK or "step_time_ms" not in attrs:
-        return outcome.value if outcome is not None else str(attrs.get("outcome", "missing"))
-    peak = metric_peak(attrs, mem_metric)
+    record = found[1]
+    outcome = record.outcome
+    if outcome is not TrialOutcome.OK or not record.measured:
+        return outcome.value if outcome is not None else str(record.stored_outcome or "missing")
+    peak = metric_peak(record, mem_metric)
     return "ok" if fits_limit(peak, limit_bytes=limit_bytes, margin=margin) else "over_limit"
 
 
 def full_ac_step_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
     """The full block AC baseline's step time, when it was measured ``ok``."""
-    trial = baseline_trial(trials, FULL_AC)
-    if trial is None or trial_outcome(trial.user_attrs) is not TrialOutcome.OK:
+    found = baseline_trial(trials, FULL_AC)
+    if found is None or found[1].outcome is not TrialOutcome.OK:
         return None
-    return trial.user_attrs.get("step_time_ms")
-
-
-SETTLED_ATTR = "settled"
-"""Study user attr: ``{knob: {"value": ..., "reason": ...}}``, the free choices the opening
-held for the rest of the study (`search.structured`)."""
+    return found[1].step_time_ms
 
 
 def describe_settlements(attr: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -179,11 +201,6 @@ def describe_settlements(attr: Mapping[str, Any] | None) -> tuple[str, ...]:
         f"{knob}={entry.get('value')!r} ({entry.get('reason', '')})"
         for knob, entry in sorted((attr or {}).items())
     )
-
-
-EXCLUDED_ATTR = "excluded"
-"""Study user attr: knob values the search no longer proposes, each a dict with ``knob``,
-``value``, ``reason``, ``error`` and ``trials`` (written by `search.crash_memory`)."""
 
 
 def describe_exclusion(entry: Mapping[str, Any]) -> str:
