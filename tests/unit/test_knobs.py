@@ -184,6 +184,7 @@ def _text(value: Any) -> str:
 def test_show_and_the_pin_table_name_the_study_wide_knobs() -> None:
     from rich.console import Console
 
+    from budgettune.pinning.document import PinDocument
     from budgettune.present.report import StudyReport
     from budgettune.present.tables import study_tables
 
@@ -204,7 +205,7 @@ def test_show_and_the_pin_table_name_the_study_wide_knobs() -> None:
         study_settings=spec.describe_study(),
     )  # fmt: skip
     console = Console(width=400, record=True)
-    console.print(pin_table(pin))
+    console.print(pin_table(PinDocument.from_json_dict(pin)))
     for table in study_tables(report):
         console.print(table)
     text = " ".join(console.export_text().split())
