@@ -241,7 +241,7 @@ def build_pin(
     op_sac: ReferenceTrial | None = None,
     op_sac_results: Sequence[TrialResult] = (),
 ) -> PinDocument:
-    """The pin (schema version 1, DESIGN.md §3).
+    """The pin (schema version 1).
 
     Args:
         scope: what the search was for (study, workload, device, limit, ranks).

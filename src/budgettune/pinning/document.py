@@ -1,4 +1,4 @@
-"""The pinned-config document (schema version 1, DESIGN.md §3) as frozen dataclasses, to and
+"""The pinned-config document (schema version 1) as frozen dataclasses, to and
 from its JSON.
 
 `build_pin` makes a `PinDocument`; `to_json_dict` writes the keys every pin has had since

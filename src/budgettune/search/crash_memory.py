@@ -40,6 +40,7 @@ from budgettune.storage.trials import (
     UNCONSTRAINED,
     describe_exclusion,
 )
+from budgettune.storage.user_attrs import ERROR_ATTR
 from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 
@@ -116,7 +117,7 @@ def find_exclusions(
         if outcome in RAN:
             ran.update(knob_values(spec))
         elif outcome == "crashed":
-            crashes[error_shape(attrs.get("error", ""))].append((number, attrs))
+            crashes[error_shape(attrs.get(ERROR_ATTR, ""))].append((number, attrs))
     new: list[dict[str, Any]] = []
 
     def blameable(pair: tuple[str, Any]) -> bool:
@@ -136,7 +137,7 @@ def find_exclusions(
         and blameable(("block_ac", "on"))
     ):
         new.append(
-            _entry("block_ac", "on", "its baseline crashed", full_ac[1]["error"], [full_ac[0]])
+            _entry("block_ac", "on", "its baseline crashed", full_ac[1][ERROR_ATTR], [full_ac[0]])
         )
     for shape, group in crashes.items():
         if len(group) < 2 or not shape:
@@ -149,7 +150,7 @@ def find_exclusions(
             continue
         pair = min(candidates, key=lambda p: (-counts[p], KNOBS.index(p[0])))
         holders = [n for n, attrs in group if pair in knob_values(attrs["spec"])]
-        error = group[-1][1].get("error", "")
+        error = group[-1][1].get(ERROR_ATTR, "")
         new.append(_entry(*pair, f"crashed the same way {len(holders)} times", error, holders))
     return new
 

@@ -8,9 +8,8 @@ constraint stored (and its step time, if it has one, as its one intermediate val
 sampler learns the boundary and Optuna's own "best trial" is the fastest that fits; crashes
 and timeouts are failed trials with the reason in user attrs. Every measurement also lands in
 our ``bt_measurements``. A trial that did not end through no fault of its configuration (an
-interrupt, its run folder or disk failing) is failed and queued again, as Optuna's
-stale-trial retry does for a dead worker's trial: it excludes nothing and is re-run.
-This module never prints: progress goes to a callback the CLI renders.
+interrupt, its run folder or disk failing) is failed and queued again (as Optuna's stale-trial
+retry does): it excludes nothing. It never prints: progress goes to a callback the CLI renders.
 """
 
 from __future__ import annotations
@@ -64,9 +63,12 @@ from budgettune.storage.trials import (
     unconstrained_baseline,
 )
 from budgettune.storage.user_attrs import (
+    CONSTRAINT_ATTR,
     ENQUEUED_SPEC_ATTR,
+    ERROR_ATTR,
     TARGET_ATTR,
     WORKER_ATTR,
+    TrialRecord,
     result_attrs,
 )
 from budgettune.trial.launcher import launch_trial
@@ -175,7 +177,7 @@ class Searcher:
                 timeout_s=self.search.trial_timeout_s,
             )
         except TrialInfrastructureError as exc:
-            trial.set_user_attr("error", str(exc))  # what `show` says of the failed trial
+            trial.set_user_attr(ERROR_ATTR, str(exc))  # what `show` says of the failed trial
             raise TrialInfrastructureError(
                 f"trial {trial.number}: {exc}; nothing is excluded, finished trials are kept, "
                 "and the next search runs the trial again"
@@ -213,7 +215,7 @@ class Searcher:
                 )
                 self.study.stop()
             raise TrialFailed(f"{result.outcome.value}: {result.error}")
-        trial.set_user_attr("constraint", [violation])
+        trial.set_user_attr(CONSTRAINT_ATTR, [violation])
         self._emit(trial.number, spec, result, fits=violation <= 0)
         if result.measurement is not None and self._below_steady(result):
             self.study.stop()
@@ -341,7 +343,7 @@ class Searcher:
     def check_steady(self) -> None:
         """Refuse a limit below the steady memory some earlier trial measured."""
         for trial in self.study.get_trials(deepcopy=False):
-            steady = trial.user_attrs.get("steady_bytes")
+            steady = TrialRecord.from_attrs(trial.user_attrs).steady_bytes
             error = _steady_error(self.search.max_mem_bytes, steady, trial=trial.number)
             if error is not None:
                 raise error

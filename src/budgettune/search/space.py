@@ -1,7 +1,7 @@
 """The search space, and the only caller of ``trial.suggest_*``: Optuna trial → `TrialSpec`.
 
 Which knobs are searched, and over what, is a frozen `SearchSpace`; users narrow a dimension
-(``--modes default``) or fix it (``--fix knapsack_solver=dp``). Facts built in (DESIGN.md §4):
+(``--modes default``) or fix it (``--fix knapsack_solver=dp``). Facts built in:
 the recomputable-op list matters at a budget near 1.0 and little below it, so op-list
 parameters are only suggested there; OOMs are common, so nothing is pruned by a model.
 """

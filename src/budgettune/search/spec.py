@@ -143,7 +143,7 @@ class SearchSpec:
         object.__setattr__(self, "workload_options", dict(self.workload_options))
 
     def _check_estimators(self) -> None:
-        """``runtime_estimator="profile"`` needs CUDA (DESIGN.md §4): refused before any trial."""
+        """``runtime_estimator="profile"`` needs CUDA: refused before any trial."""
         fixed = self.space.fixed.get("runtime_estimator")
         estimators = (fixed,) if fixed is not None else self.space.runtime_estimators
         if self.device == "cpu" and "profile" in estimators:

@@ -1,7 +1,7 @@
 """`TrialSpec` (one configuration of the recompute knobs) and `TrialRun` (one trial to launch).
 
 Both are frozen, validated dataclasses; their field names are the JSON keys of ``SPEC.json``
-(the parent/child contract, see DESIGN.md §3). Op *names* are checked for syntax here; whether
+(the parent/child contract). Op *names* are checked for syntax here; whether
 an op exists is checked by `recompute.py` in the child, which is the only place torch is imported.
 """
 
