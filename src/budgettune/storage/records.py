@@ -44,7 +44,39 @@ class StoredWorkload:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StoredMeasurement:
+class StoredFigures:
+    """A run's measured figures as stored (None: not measured), in our table and in Optuna's
+    user attrs alike (`StoredMeasurement`, `storage.user_attrs.TrialRecord`); see
+    `trial.results.Measurement` for what each is."""
+
+    peak_allocated_bytes: int | None = None
+    """The allocator's allocated peak."""
+    peak_reserved_bytes: int | None = None
+    """The allocator's reserved peak."""
+    peak_device_bytes: int | None = None
+    """What nvidia-smi would show at the peak."""
+    steady_bytes: int | None = None
+    """Parameters + gradients + optimizer state before the step."""
+    phase_peak_bytes: Mapping[str, int] = field(default_factory=dict)
+    """The peak of each phase (forward, backward, optimizer)."""
+    peak_phase: str | None = None
+    """The phase that set the peak."""
+    step_time_ms: float | None = None
+    """Median step time."""
+    step_time_p10_ms: float | None = None
+    """10th percentile of the step time."""
+    step_time_p90_ms: float | None = None
+    """90th percentile of the step time."""
+    compile_s: float | None = None
+    """Seconds of the warm-up steps (compile)."""
+    loss: float | None = None
+    """First-step loss (None: not stored; NaN: stored, but not a finite number)."""
+    grad_norm: float | None = None
+    """First-step gradient norm (as ``loss``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredMeasurement(StoredFigures):
     """One stored run of a TrialSpec; `to_result` gives back the `TrialResult`."""
 
     id: int
@@ -61,19 +93,6 @@ class StoredMeasurement:
     """The configuration measured."""
     outcome: TrialOutcome
     """How the run ended."""
-    peak_allocated_bytes: int | None = None
-    """See `Measurement` for this and the following figures (None when not measured)."""
-    peak_reserved_bytes: int | None = None
-    peak_device_bytes: int | None = None
-    steady_bytes: int | None = None
-    phase_peak_bytes: Mapping[str, int] = field(default_factory=dict)
-    peak_phase: str | None = None
-    step_time_ms: float | None = None
-    step_time_p10_ms: float | None = None
-    step_time_p90_ms: float | None = None
-    compile_s: float | None = None
-    loss: float | None = None
-    grad_norm: float | None = None
     error: str = ""
     """One-line error of a failed run."""
     device_name: str = ""

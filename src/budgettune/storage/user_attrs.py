@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from budgettune.storage.records import StoredFigures
 from budgettune.trial.results import RankFigures, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -168,8 +169,9 @@ def _peak(record: RankRecord | TrialRecord, mem_metric: str) -> int | None:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TrialRecord:
-    """What one trial stored in its user attrs: its queue labels, its result and figures.
+class TrialRecord(StoredFigures):
+    """What one trial stored in its user attrs: its queue labels, its result and figures (the
+    figures' fields are `StoredFigures`').
 
     A field whose attr is missing (not measured, not yet run, or a study written before the
     attr existed) holds its default; `from_attrs` and `to_attrs` are each other's inverse.
@@ -207,30 +209,6 @@ class TrialRecord:
     """Sharded trials: the rank whose failure ended the trial."""
     ranks: tuple[RankRecord, ...] = ()
     """Sharded trials: each rank's figures, by rank."""
-    peak_allocated_bytes: int | None = None
-    """The allocator's allocated peak (None: not measured)."""
-    peak_reserved_bytes: int | None = None
-    """The allocator's reserved peak."""
-    peak_device_bytes: int | None = None
-    """What nvidia-smi would show at the peak."""
-    steady_bytes: int | None = None
-    """Parameters + gradients + optimizer state before the step."""
-    phase_peak_bytes: Mapping[str, int] = field(default_factory=dict)
-    """The peak of each phase (forward, backward, optimizer)."""
-    peak_phase: str | None = None
-    """The phase that set the peak."""
-    step_time_ms: float | None = None
-    """Median step time (None: not measured)."""
-    step_time_p10_ms: float | None = None
-    """10th percentile of the step time."""
-    step_time_p90_ms: float | None = None
-    """90th percentile of the step time."""
-    compile_s: float | None = None
-    """Seconds of the warm-up steps (compile)."""
-    loss: float | None = None
-    """First-step loss (None: not stored; NaN: stored, but not a finite number)."""
-    grad_norm: float | None = None
-    """First-step gradient norm (as ``loss``)."""
 
     # -- reading ----------------------------------------------------------------------------
     @property
