@@ -34,13 +34,12 @@ import optuna
 from budgettune.errors import first_line
 from budgettune.search.space import LISTED, SearchSpace
 from budgettune.storage.trials import (
-    BASELINE_ATTR,
     EXCLUDED_ATTR,
     FULL_AC,
     UNCONSTRAINED,
     describe_exclusion,
 )
-from budgettune.storage.user_attrs import ERROR_ATTR
+from budgettune.storage.user_attrs import TrialRecord
 from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 
@@ -65,10 +64,10 @@ def error_shape(error: str) -> str:
     return _NUMBERS.sub("N", first_line(error))
 
 
-def knob_values(spec: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The (knob, value) pairs a crash of ``spec`` (a TrialSpec JSON dict) may be blamed on:
-    block AC as a whole, then each listed knob where it is relevant (`Knob.relevant`)."""
-    trial_spec = TrialSpec.from_json_dict(spec)
+def knob_values(spec: Mapping[str, Any] | TrialSpec) -> list[tuple[str, Any]]:
+    """The (knob, value) pairs a crash of ``spec`` (a `TrialSpec`, or its JSON dict) may be
+    blamed on: block AC as a whole, then each listed knob where it is relevant."""
+    trial_spec = spec if isinstance(spec, TrialSpec) else TrialSpec.from_json_dict(spec)
     values: list[tuple[str, Any]] = []
     if trial_spec.block_ac_every > 0:
         values.append(("block_ac", "on"))
@@ -106,18 +105,19 @@ def find_exclusions(
     """
     known = {(e["knob"], e["value"]) for e in excluded}
     ran: set[tuple[str, Any]] = set()
-    crashes: dict[str, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
-    baselines: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    crashes: dict[str, list[tuple[int, TrialRecord, TrialSpec]]] = defaultdict(list)
+    baselines: dict[str, tuple[int, TrialRecord]] = {}
     for number, attrs in trials:
-        outcome, spec = attrs.get("outcome"), attrs.get("spec")
+        record = TrialRecord.from_attrs(attrs)
+        outcome, spec = record.stored_outcome, record.spec
         if outcome is None or spec is None:
             continue
-        if attrs.get(BASELINE_ATTR) in (UNCONSTRAINED, FULL_AC):
-            baselines[attrs[BASELINE_ATTR]] = (number, attrs)
+        if record.baseline in (UNCONSTRAINED, FULL_AC):
+            baselines[record.baseline] = (number, record)
         if outcome in RAN:
             ran.update(knob_values(spec))
         elif outcome == "crashed":
-            crashes[error_shape(attrs.get(ERROR_ATTR, ""))].append((number, attrs))
+            crashes[error_shape(record.error)].append((number, record, spec))
     new: list[dict[str, Any]] = []
 
     def blameable(pair: tuple[str, Any]) -> bool:
@@ -131,26 +131,26 @@ def find_exclusions(
     unconstrained = baselines.get(UNCONSTRAINED)
     if (
         full_ac is not None
-        and full_ac[1]["outcome"] == "crashed"
+        and full_ac[1].stored_outcome == "crashed"
         and unconstrained is not None
-        and unconstrained[1]["outcome"] in RAN
+        and unconstrained[1].stored_outcome in RAN
         and blameable(("block_ac", "on"))
     ):
         new.append(
-            _entry("block_ac", "on", "its baseline crashed", full_ac[1][ERROR_ATTR], [full_ac[0]])
+            _entry("block_ac", "on", "its baseline crashed", full_ac[1].error, [full_ac[0]])
         )
     for shape, group in crashes.items():
         if len(group) < 2 or not shape:
             continue
         counts: Counter[tuple[str, Any]] = Counter()
-        for _, attrs in group:
-            counts.update(set(knob_values(attrs["spec"])))
+        for _, _, spec in group:
+            counts.update(set(knob_values(spec)))
         candidates = [pair for pair, n in counts.items() if n >= 2 and blameable(pair)]
         if not candidates:
             continue
         pair = min(candidates, key=lambda p: (-counts[p], KNOBS.index(p[0])))
-        holders = [n for n, attrs in group if pair in knob_values(attrs["spec"])]
-        error = group[-1][1].get(ERROR_ATTR, "")
+        holders = [n for n, _, spec in group if pair in knob_values(spec)]
+        error = group[-1][1].error
         new.append(_entry(*pair, f"crashed the same way {len(holders)} times", error, holders))
     return new
 
