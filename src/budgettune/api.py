@@ -3,11 +3,12 @@
     import budgettune
     from mymodels import build          # a Workload builder in an importable module or file
 
-    pinned = budgettune.search(build, max_mem="20GB", trials=20, options={"batch_size": 8})
+    pinned = budgettune.search(build, max_mem="20GB", num_trials=20, options={"batch_size": 8})
     model = pinned.compile(model)
 
-Every study-file key is a keyword (``trials``, ``storage``, ``study``, ``margin``,
-``space={...}``, ``fix={...}``, ``trial={...}``, ...), validated by the same schema as a study
+Every study-file key is a keyword (``num_trials``, ``storage_url``, ``study_name``,
+``margin``, ``space={...}``, ``fix={...}``, ``trial={...}``, ...; the spellings before issue 31,
+``trials``, ``storage``, ``study``, are read too), validated by the same schema as a study
 file (`budgettune.search.study_schema`): an unknown key or a bad value raises `StudyFileError`
 in one line. Failures raise the exceptions the CLI turns into exit codes (`UsageError`,
 `NoFeasibleConfigError`, `NothingMeasuredError`, `StorageError`, ...; all `BudgettuneError`).
@@ -49,8 +50,9 @@ def search(
 ) -> PinnedConfig:
     """Search the recompute knobs under ``max_mem``, re-verify the best, write and return the pin.
 
-    Calling it again with the same arguments resumes the same study (``trials`` more trials,
-    ``trials=0`` only re-verifies and pins), exactly as re-running ``budgettune search`` does.
+    Calling it again with the same arguments resumes the same study (``num_trials`` more
+    trials; ``num_trials=0`` only re-verifies and pins), as re-running ``budgettune search``
+    does.
 
     Args:
         build: the workload builder, a function defined at the top level of an importable
@@ -67,9 +69,10 @@ def search(
         workload_dir: where a ``Trainer``'s workload is written.
         progress: show the progress bar and one line per trial on stderr (rich; in a notebook
             it renders in the cell's output).
-        **settings: any study-file key (``trials``, ``storage``, ``study``, ``device``,
-            ``mem_metric``, ``margin``, ``top_k``, ``reverify``, ``timeout``,
-            ``sampler_seed``, ``nproc_per_node``, ``space``, ``fix``, ``trial``, ...).
+        **settings: any study-file key (``num_trials``, ``storage_url``, ``study_name``,
+            ``device``, ``mem_metric``, ``margin``, ``top_k``, ``reverify_runs``,
+            ``trial_timeout_s``, ``sampler_seed``, ``nproc_per_node``, ``space``, ``fix``,
+            ``trial``, ...).
 
     Returns:
         The pin, loaded as a training job loads it (`budgettune.load_pinned`).

@@ -205,9 +205,10 @@ def test_budgettune_search_takes_a_trainer_and_pins_its_model_and_batch(
     monkeypatch.chdir(tmp_path)
     trainer = _example("hf_trainer").make_trainer(str(tmp_path / "out"))
     pinned = budgettune.search(
-        trainer, "1GB", device="cpu", storage=f"sqlite:///{tmp_path / 'bt.db'}", trials=1,
-        top_k=1, reverify=1, progress=False, workload_dir=tmp_path / "trainer-workload",
-        space={"backend": "aot_eager_decomp_partition"}, fix={"compile_mode": "eager"},
+        trainer, "1GB", device="cpu", storage_url=f"sqlite:///{tmp_path / 'bt.db'}",
+        num_trials=1, top_k=1, reverify_runs=1, progress=False,
+        workload_dir=tmp_path / "trainer-workload",
+        space={"compile_backend": "aot_eager_decomp_partition"}, fix={"compile_mode": "eager"},
         trial={"warmup_steps": 1, "timed_steps": 1},
     )  # fmt: skip
     assert isinstance(pinned, PinnedConfig)
