@@ -110,6 +110,8 @@ def search(
         },
     )
     gpu_list = [int(g) for g in gpus]
+    if gpu_list and not str(values.get("device", "cuda")).startswith("cuda"):
+        raise UsageError(f"budgettune.search: gpus runs on GPUs; drop device={values['device']!r}")
     if gpu_list and "device" not in values:
         from budgettune.search.workers import gpu_groups, group_device
 

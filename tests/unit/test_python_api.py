@@ -60,6 +60,7 @@ def test_bad_keys_and_values_are_one_line_errors_and_nothing_is_written(tmp_path
         ({"trials": -1}, "trials must be"),
         ({"space": {"ac_every": "1"}}, "space.ac_every must be"),
         ({"workload": "builtin:tiny-gpt"}, "pass 'workload' as its own argument"),
+        ({"gpus": [0], "device": "cpu"}, "gpus runs on GPUs; drop device='cpu'"),
     ):
         with pytest.raises((StudyFileError, UsageError)) as err:
             budgettune.search(top_level_builder, "1GB", output=out, **settings)
