@@ -100,6 +100,7 @@ def test_negative_gpus_are_reported_as_gpus(workdir: Path) -> None:
     line = _refused(workdir, ["search", "--max-mem", "1GB", "--gpus", "-1"], "--gpus -1: list")
     assert "--device" not in line
     _refused(workdir, ["search", "--max-mem", "1GB", "--gpus", "0,0"], "distinct GPU indices")
+    _refused(workdir, ["search", "--max-mem", "1GB", "--gpus", "a,b"], "--gpus 'a,b' is not a")
     _refused(
         workdir,
         ["search", "--max-mem", "1GB", "--gpus", "0,1", "--nproc-per-node", "0"],

@@ -23,13 +23,13 @@ from budgettune.cli.progress import SearchProgress
 from budgettune.errors import UsageError
 
 
-def _csv(value: str | None, convert: Callable[[str], Any] = str) -> list[Any] | None:
+def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -> list[Any] | None:
     if value is None:
         return None
     try:
         return [convert(part.strip()) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise UsageError(f"{value!r} is not a comma-separated list of numbers") from None
+        raise UsageError(f"{flag} {value!r} is not a comma-separated list of numbers") from None
 
 
 @app.command()
@@ -177,7 +177,7 @@ def search(
 
     check_pin_output(output)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
-    gpu_list: list[int] = _csv(gpus, int) or []
+    gpu_list: list[int] = _csv(gpus, int, flag="--gpus") or []
     if gpus is not None and not gpu_list:
         raise UsageError("--gpus takes GPU indices, e.g. 0,1,2,3")
     if gpu_list:
