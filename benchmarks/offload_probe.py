@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from budgettune.trial.offload import compiled_offload_settings
+
 VARIANTS = ("none", "op", "op-offload-compiled", "hooks-per-block", "hooks-whole-compiled")
 
 
@@ -110,16 +112,7 @@ def main() -> None:
         "variant": args.variant,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(),
-        "config_has": {
-            k: hasattr(torch._functorch.config, k)
-            for k in (
-                "enable_activation_offloading",
-                "activation_offload_separate_stream",
-                "activation_offload_sink_wait",
-                "activation_reload_prefetch",
-                "activation_offload_cpu_gpu_bw",
-            )
-        },  # fmt: skip
+        "config_has": compiled_offload_settings(),
     }
     try:
         model, (loss_fn, batch), optimizer = build(args.variant)

@@ -27,8 +27,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
+
+from budgettune.cli.app import default_device, quiet_background
+from budgettune.cli.progress import SearchProgress
 from budgettune.errors import UsageError
+from budgettune.integrations.trainer_workload import write_workload
 from budgettune.pinning import PinnedConfig, check_pin_output, load_pinned, write_pin
+from budgettune.search.run import run_search
+from budgettune.search.study_file import build_search_spec, merge, read_study_file
+from budgettune.search.study_schema import check_study_values
+from budgettune.search.workers import gpu_groups, group_device
 
 Builder = Callable[..., Any]
 
@@ -84,17 +93,11 @@ def search(
             CLI's exit codes 3, 4 and 1 say.
         KeyboardInterrupt: finished trials are kept; the running one runs again next time.
     """
-    from budgettune.search.run import run_search
-    from budgettune.search.study_file import build_search_spec, merge, read_study_file
-    from budgettune.search.study_schema import check_study_values
-
     taken = sorted(set(settings) & set(_NOT_STUDY_KEYS))
     if taken:
         raise UsageError(f"budgettune.search: pass {taken[0]!r} as its own argument")
     settings = check_study_values("budgettune.search()", settings)  # today's key names
     if _is_trainer(build):
-        from budgettune.integrations.trainer_workload import write_workload
-
         build = write_workload(build, workload_dir)
     reference, import_root = builder_reference(build)
     output = Path(output)
@@ -113,14 +116,10 @@ def search(
     if gpu_list and not str(values.get("device", "cuda")).startswith("cuda"):
         raise UsageError(f"budgettune.search: gpus runs on GPUs; drop device={values['device']!r}")
     if gpu_list and "device" not in values:
-        from budgettune.search.workers import gpu_groups, group_device
-
         values["device"] = group_device(gpu_groups(gpu_list, values.get("nproc_per_node", 1))[0])
-    spec = build_search_spec(values, default_device=_default_device(values["workload"]))
+    spec = build_search_spec(values, default_device=default_device(values["workload"]))
     with _importable_by_trials(import_root), _quiet_background():
         if progress:
-            from budgettune.cli.progress import SearchProgress
-
             with SearchProgress() as shown:
                 outcome = run_search(spec, shown, gpus=gpu_list)  # type: ignore[arg-type]
         else:
@@ -194,12 +193,6 @@ def _module_file(module: Any) -> str | None:
     return str(Path(source).resolve()) if source and Path(source).is_file() else None
 
 
-def _default_device(workload: str) -> str:
-    from budgettune.cli.app import default_device
-
-    return default_device(workload)
-
-
 @contextlib.contextmanager
 def _importable_by_trials(root: str | None) -> Iterator[None]:
     """Trials inherit this process's environment: put the builder's import root on their
@@ -222,10 +215,6 @@ def _importable_by_trials(root: str | None) -> Iterator[None]:
 def _quiet_background() -> Iterator[None]:
     """The CLI's quiet logging (`cli.app.quiet_background`), undone when the search ends: a
     library call must not leave Optuna's verbosity or the thread excepthook changed."""
-    import optuna
-
-    from budgettune.cli.app import quiet_background
-
     verbosity, hook = optuna.logging.get_verbosity(), threading.excepthook
     quiet_background()
     try:

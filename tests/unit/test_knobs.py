@@ -18,7 +18,7 @@ from torch import nn
 import budgettune.pinning.pinned as pinned_module
 import budgettune.trial.recompute as recompute
 from budgettune.pinning import load_pinned
-from budgettune.pinning.choose import SCHEMA_VERSION
+from budgettune.pinning.document import SCHEMA_VERSION
 from budgettune.present.tables import pin_table
 from budgettune.search.space import SearchSpace, parse_fixed
 from budgettune.search.study_schema import TABLES

@@ -148,22 +148,6 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def check_seconds(flag: str, value: float) -> None:
-    """A timeout flag is seconds above zero and at most a week (`MAX_TIMEOUT_S`): 0 would end
-    every run before it starts, a negative or enormous one overflows the waits.
-
-    Raises:
-        UsageError: one line naming the flag.
-    """
-    from budgettune.search.spec import MAX_TIMEOUT_S
-
-    if not 0 < value <= MAX_TIMEOUT_S:  # NaN fails too
-        raise UsageError(
-            f"{flag} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), "
-            f"got {value!r}"
-        )
-
-
 def check_count(flag: str, value: int) -> None:
     """A count flag (``--runs``) is at least 1.
 

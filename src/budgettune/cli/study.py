@@ -11,14 +11,13 @@ import typer
 from budgettune.cli.app import (
     app,
     check_count,
-    check_seconds,
     default_run_dir,
     handles_errors,
     print_json,
     stderr,
     stdout,
 )
-from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S
+from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 
 
 @app.command()

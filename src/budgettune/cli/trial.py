@@ -9,7 +9,6 @@ import typer
 
 from budgettune.cli.app import (
     app,
-    check_seconds,
     default_device,
     default_run_dir,
     handles_errors,
@@ -20,7 +19,7 @@ from budgettune.cli.app import (
     stdout,
 )
 from budgettune.cli.knob_options import spec_values, trial_parameters, with_knob_options
-from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S
+from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 from budgettune.trial.spec import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 

@@ -111,15 +111,8 @@ class SearchSpec:
                 raise UsageError(f"{flag} must be an integer >= 1, got {count!r}")
         if not _is_number(self.margin) or not 0.0 <= self.margin < 0.5:
             raise UsageError(f"--margin must be within [0, 0.5), got {self.margin!r}")
-        for flag, seconds in (
-            ("--timeout", self.trial_timeout_s),
-            ("--collective-timeout", self.collective_timeout_s),
-        ):
-            if not _is_number(seconds) or not 0.0 < seconds <= MAX_TIMEOUT_S:
-                raise UsageError(
-                    f"{flag} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), "
-                    f"got {seconds!r}"
-                )
+        check_seconds("--timeout", self.trial_timeout_s)
+        check_seconds("--collective-timeout", self.collective_timeout_s)
         if self.sampler_seed is not None and (
             not _is_int(self.sampler_seed) or not 0 <= self.sampler_seed <= MAX_SEED
         ):
@@ -228,6 +221,25 @@ def check_study_name(name: object, *, what: str = "--study") -> None:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_seconds(flag: str, seconds: object) -> None:
+    """A timeout is a number of seconds above 0 and at most a week (`MAX_TIMEOUT_S`): 0 would
+    end every run before it starts, a larger one overflows the waits that take it.
+
+    Raises:
+        UsageError: one line naming the flag (NaN and infinity included).
+    """
+    in_range = (
+        isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and 0.0 < seconds <= MAX_TIMEOUT_S  # NaN and infinity fail here
+    )
+    if not in_range:
+        raise UsageError(
+            f"{flag} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), "
+            f"got {seconds!r}"
+        )
 
 
 def _is_number(value: object) -> bool:
