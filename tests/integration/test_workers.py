@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -96,6 +97,26 @@ def _trial_child(worker_pid: int) -> tuple[int, str] | None:
     return int(pid), command
 
 
+def _frozen_trial_child(worker_pid: int, *, timeout_s: float) -> tuple[int, str] | None:
+    """A running trial process of the worker, stopped with SIGSTOP so it cannot finish (its
+    parent-death SIGKILL still ends it). None if the worker never ran one in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        child = _trial_child(worker_pid)
+        if child is None:
+            continue
+        try:
+            os.kill(child[0], signal.SIGSTOP)
+            time.sleep(0.2)
+            state = Path(f"/proc/{child[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, FileNotFoundError):
+            continue  # it ended between the look and the stop: wait for the next trial
+        if state in ("T", "t"):
+            return child
+    return None
+
+
 @pytest.mark.parametrize("backend, num_workers, target", [("postgres", 3, 6), ("sqlite", 2, 4)])
 def test_workers_reach_the_target_exactly_and_a_killed_workers_trial_is_rerun(
     backend: str, num_workers: int, target: int, request, tmp_path: Path
@@ -109,15 +130,12 @@ def test_workers_reach_the_target_exactly_and_a_killed_workers_trial_is_rerun(
     _create_study(url, runs, trials=target)
     workers = [_worker(url, tmp_path) for _ in range(num_workers)]
     try:
-        # SIGKILL the first worker a few seconds into its first trial.
+        # SIGKILL the first worker while its trial runs. The trial's child is frozen first:
+        # an eager tiny-GPT trial can finish within seconds, and a worker killed between
+        # trials leaves nothing to re-run (a flake CI saw).
         victim = workers[0]
-        deadline = time.monotonic() + 120
-        child = None
-        while child is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            child = _trial_child(victim.pid)
+        child = _frozen_trial_child(victim.pid, timeout_s=120)
         assert child is not None, "the worker never started a trial"
-        time.sleep(3)
         victim.kill()
         victim.wait()
         killed_run = child[1].split()[-2]  # .../trial-NNNN/SPEC.json
