@@ -28,7 +28,8 @@ from typing import Any
 
 from benchmarks.config_sets import SETS, configs
 from budgettune.trial.launcher import launch_trial
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 
 def done_labels(path: Path) -> set[str]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialOutcome
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 ADDED = ("aten.mm", "aten.addmm", "aten._scaled_dot_product_flash_attention_for_cpu")
 

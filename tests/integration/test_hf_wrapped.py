@@ -21,7 +21,8 @@ from budgettune.trial import measure, recompute  # noqa: E402
 from budgettune.trial.hf_cache import transformers_models  # noqa: E402
 from budgettune.trial.launcher import launch_trial  # noqa: E402
 from budgettune.trial.results import TrialOutcome  # noqa: E402
-from budgettune.trial.spec import TrialRun, TrialSpec  # noqa: E402
+from budgettune.trial.spec import TrialSpec  # noqa: E402
+from budgettune.trial.trial_run import TrialRun  # noqa: E402
 from budgettune.workload import load_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

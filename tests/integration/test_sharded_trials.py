@@ -19,7 +19,8 @@ import pytest
 
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialOutcome
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = str(ROOT / "tests" / "fixtures" / "rank_faults.py")

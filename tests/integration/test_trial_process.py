@@ -12,7 +12,8 @@ import pytest
 
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialOutcome
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "faulty_workloads.py"
 FAST = TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1, timed_steps=2)
@@ -117,7 +118,8 @@ def test_parent_never_imports_torch(tmp_path: Path) -> None:
     code = f"""
 import sys
 from budgettune.trial.launcher import launch_trial
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 import budgettune.cli, budgettune.workload, budgettune.trial.results
 run = TrialRun(spec=TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1,
                timed_steps=1), workload="{FIXTURES}:raises", device="cpu")

@@ -14,7 +14,8 @@ from budgettune.trial.results import (
     read_result,
     write_result_atomically,
 )
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 from budgettune.units import format_bytes, parse_bytes
 
 

@@ -17,7 +17,8 @@ from budgettune.errors import UsageError
 from budgettune.trial.cpu_lock import CPU_LOCK_ENV, CpuLockTimeout, cpu_trial_lock
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialOutcome
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from budgettune.search.fresh import FreshJob, run_batch
 from budgettune.trial.results import TrialOutcome, TrialResult
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 
 def _jobs(n: int) -> list[FreshJob]:

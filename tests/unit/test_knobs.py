@@ -24,6 +24,7 @@ from budgettune.search.space import SearchSpace, parse_fixed
 from budgettune.search.study_schema import TABLES
 from budgettune.trial.allocator import AllocatorApplied
 from budgettune.trial.knobs import Knob
+from budgettune.trial.offload import ActivationOffload
 from budgettune.trial.spec import KNOBS, TrialSpec
 
 KNOB_LIST = [k for k in KNOBS if k.is_knob]
@@ -57,6 +58,8 @@ def _probe(k: Knob, base: TrialSpec) -> Any:
     if k.value_type is tuple:
         return (k.space_default[0],)
     pool = [*k.choices, *(k.space_default_cuda or ()), *k.space_default]
+    if k.value_type is int:  # a stride the default space does not list (offload_every)
+        pool.append(getattr(base, k.name) + 1)
     return next(v for v in pool if v != getattr(base, k.name))
 
 
@@ -64,13 +67,20 @@ def _run_job(
     spec: TrialSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, partitioning: bool
 ) -> dict:
     """Apply a pin of ``spec`` as a job does, one step, and record what torch was asked."""
-    seen: dict[str, Any] = {"checkpoint": [], "compile": [], "partition": None}
+    seen: dict[str, Any] = {"checkpoint": [], "compile": [], "partition": None, "offload": 0}
 
     def allocator(conf: str) -> AllocatorApplied:
         seen["allocator"] = conf
         return AllocatorApplied(setting=conf, how="none")
 
     monkeypatch.setattr(pinned_module, "apply_allocator_settings", allocator)
+    real_enter = ActivationOffload.__enter__
+
+    def offload_entered(self: ActivationOffload) -> ActivationOffload:
+        seen["offload"] += 1
+        return real_enter(self)
+
+    monkeypatch.setattr(ActivationOffload, "__enter__", offload_entered)
     if partitioning:  # the real compile, up to the partitioner's first look at its op list
         monkeypatch.setattr(recompute, "check_spec_supported", lambda spec, device: None)
         original = partitioners.get_default_op_list
@@ -141,6 +151,7 @@ def test_every_knob_is_applied_by_the_job(
         "op_list",
         "compile",
         "block_ac",
+        "offload",
         "optimizer",
         "allocator",
     ), f"the job has no way to apply {knob.name}"

@@ -10,7 +10,8 @@ from budgettune.cli import parse_options
 from budgettune.errors import DeviceUnavailableError, TrialInfrastructureError, UsageError
 from budgettune.trial.devices import check_device_available, cuda_device_count, visible_device_env
 from budgettune.trial.launcher import folder_fault, launch_trial
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 
 def test_visible_device_env_pins_one_gpu(monkeypatch) -> None:

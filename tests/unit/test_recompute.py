@@ -13,7 +13,8 @@ from recompute_models import tiny_lm_workload
 
 from budgettune.errors import SpecError
 from budgettune.trial import block_ac, recompute, saved_activations
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 CPU = torch.device("cpu")
 FAST = {"compile_backend": "aot_eager_decomp_partition"}

@@ -21,7 +21,8 @@ from budgettune.trial.ranks import (
     world_size_warning,
 )
 from budgettune.trial.results import RankFigures, TrialOutcome, TrialResult
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 
 def _rank(peak: int, ms: float, steady: int = 1_000) -> TrialResult:

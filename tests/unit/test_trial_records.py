@@ -48,6 +48,8 @@ def test_a_measured_result_writes_the_attrs_it_always_wrote() -> None:
         "compile_s": 25.5,
         "loss": 2.5,
         "grad_norm": 1.75,
+        "host_peak_bytes": 0,  # since issue 33: no offload, no host memory held
+        "offload_bytes": 0,
     }
     record = TrialRecord.from_attrs(attrs)
     assert record.outcome is TrialOutcome.OK and record.measured

@@ -20,7 +20,7 @@ from budgettune.cli.app import (
 )
 from budgettune.cli.knob_options import spec_values, trial_parameters, with_knob_options
 from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
-from budgettune.trial.spec import DEFAULT_COLLECTIVE_TIMEOUT_S
+from budgettune.trial.trial_run import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 @app.command()
@@ -98,7 +98,8 @@ def trial(
     """
     from budgettune.trial.devices import check_device_available
     from budgettune.trial.launcher import check_ops_exist, launch_trial
-    from budgettune.trial.spec import TrialRun, TrialSpec
+    from budgettune.trial.spec import TrialSpec
+    from budgettune.trial.trial_run import TrialRun
     from budgettune.workload import check_reference
 
     spec = TrialSpec(**spec_values(knobs or {}))

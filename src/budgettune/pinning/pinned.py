@@ -37,8 +37,9 @@ from budgettune.trial.distributed import (
 )
 from budgettune.trial.ranks import world_size_warning
 from budgettune.trial.results import MEM_METRICS
-from budgettune.trial.spec import DEVICE_PATTERN, TrialSpec
+from budgettune.trial.spec import TrialSpec
 from budgettune.trial.step_meter import StepMeter
+from budgettune.trial.trial_run import DEVICE_PATTERN
 
 if TYPE_CHECKING:
     import torch
@@ -209,7 +210,7 @@ class PinnedConfig:
                 StalePinWarning,
                 stacklevel=2,
             )
-        if blocks is None and self.spec.block_ac_every:
+        if blocks is None and (self.spec.block_ac_every or self.spec.offload_every):
             blocks = find_blocks(model)
         running_world = world_size_from_env()
         if running_world != pinned_world:
@@ -226,8 +227,8 @@ class PinnedConfig:
             from budgettune.trial.recompute import prepare_model
             from budgettune.trial.scoped_forward import compile_forward_in_place
 
-            prepare_model(model, self.spec, blocks, model_changes=self.model_changes)
-            compile_forward_in_place(model, self.spec)
+            offload = prepare_model(model, self.spec, blocks, model_changes=self.model_changes)
+            compile_forward_in_place(model, self.spec, blocks_compiled=offload is not None)
             return model
         mesh = mesh if mesh is not None else sharded_mesh(model, pinned_world, running_world)
         if mesh is not None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from budgettune.storage import Storage
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialResult
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

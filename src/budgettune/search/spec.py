@@ -11,11 +11,11 @@ from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.search.space import SearchSpace
-from budgettune.trial.spec import (
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEVICE_PATTERN,
     TrialRun,
-    TrialSpec,
     check_world,
 )
 

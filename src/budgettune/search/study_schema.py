@@ -30,7 +30,8 @@ from budgettune.search.spec import (
 )
 from budgettune.trial.allocator import parse_settings
 from budgettune.trial.knobs import Knob
-from budgettune.trial.spec import DEVICE_PATTERN, KNOB_BY_NAME, KNOBS, OP_NAME_PATTERN
+from budgettune.trial.spec import KNOB_BY_NAME, KNOBS, OP_NAME_PATTERN
+from budgettune.trial.trial_run import DEVICE_PATTERN
 
 
 def _alloc_conf(value: str) -> str:

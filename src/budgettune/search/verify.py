@@ -18,7 +18,7 @@ from budgettune.pinning import PinnedConfig, load_pinned
 from budgettune.trial.devices import check_device_available
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialResult
-from budgettune.trial.spec import TrialRun
+from budgettune.trial.trial_run import TrialRun
 from budgettune.units import format_bytes
 from budgettune.workload import check_reference, reference_origin
 

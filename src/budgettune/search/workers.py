@@ -42,7 +42,7 @@ from budgettune.storage.coordination import database_errors
 from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
 from budgettune.trial.devices import check_device_available, cuda_device_count
 from budgettune.trial.processes import spawn
-from budgettune.trial.spec import DEVICE_PATTERN
+from budgettune.trial.trial_run import DEVICE_PATTERN
 from budgettune.workload import check_reference
 
 logger = logging.getLogger(__name__)

@@ -91,6 +91,9 @@ class MeasurementRow(Base):
     # revision 0002
     phase_peaks_json: Mapped[str | None] = mapped_column(Text)
     cuda_version: Mapped[str | None] = mapped_column(String(64))
+    # revision 0003
+    host_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    offload_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class PinRow(Base):

@@ -73,6 +73,11 @@ class StoredFigures:
     """First-step loss (None: not stored; NaN: stored, but not a finite number)."""
     grad_norm: float | None = None
     """First-step gradient norm (as ``loss``)."""
+    host_peak_bytes: int | None = None
+    """Host memory held for offloaded activations, at most (0: no offload; None: not stored,
+    a run from before offload was measured)."""
+    offload_bytes: int | None = None
+    """Bytes the measured step copied to host memory (as many came back)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,6 +133,8 @@ class StoredMeasurement(StoredFigures):
             compile_s=_float(self.compile_s),
             loss=_float(self.loss),
             grad_norm=_float(self.grad_norm),
+            host_peak_bytes=_int(self.host_peak_bytes),
+            offload_bytes=_int(self.offload_bytes),
         )
 
     def to_result(self) -> TrialResult:
@@ -204,6 +211,8 @@ def measurement_columns(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
             compile_s=figures.compile_s,
             loss=figures.loss,
             grad_norm=figures.grad_norm,
+            host_peak_bytes=figures.host_peak_bytes,
+            offload_bytes=figures.offload_bytes,
         )
     return columns
 
@@ -245,6 +254,8 @@ def stored_measurement(
         compile_s=row.compile_s,
         loss=row.loss,
         grad_norm=row.grad_norm,
+        host_peak_bytes=row.host_peak_bytes,
+        offload_bytes=row.offload_bytes,
         error=row.error,
         device_name=row.device_name,
         torch_version=row.torch_version,

@@ -63,8 +63,12 @@ _MEASURED = (
     "compile_s",
     "loss",
     "grad_norm",
+    "host_peak_bytes",
+    "offload_bytes",
 )
 """The keys of a measured trial's figures (`Measurement`'s fields), in the order written."""
+_SINCE_OFFLOAD = ("host_peak_bytes", "offload_bytes")
+"""Figures a trial stored before offload was measured lacks (written only when known)."""
 _RANK_FIGURES = (*_MEASURED[:4], "peak_phase", "step_time_ms")
 """The figures each rank of a sharded trial keeps (`RankRecord`)."""
 
@@ -298,6 +302,8 @@ class TrialRecord(StoredFigures):
             compile_s=_optional_float(attrs.get("compile_s")),
             loss=_first_step(attrs, "loss"),
             grad_norm=_first_step(attrs, "grad_norm"),
+            host_peak_bytes=_optional_int(attrs.get("host_peak_bytes")),
+            offload_bytes=_optional_int(attrs.get("offload_bytes")),
         )
 
     @classmethod
@@ -360,7 +366,13 @@ class TrialRecord(StoredFigures):
             attrs["failed_rank"] = self.failed_rank
             attrs["ranks"] = [r.to_json_dict() for r in self.ranks]
         if self.step_time_ms is not None:
-            attrs.update({key: getattr(self, key) for key in _MEASURED})
+            attrs.update(
+                {
+                    key: getattr(self, key)
+                    for key in _MEASURED
+                    if key not in _SINCE_OFFLOAD or getattr(self, key) is not None
+                }
+            )
             attrs["phase_peak_bytes"] = dict(self.phase_peak_bytes)
         return attrs
 

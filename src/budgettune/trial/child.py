@@ -28,7 +28,7 @@ from budgettune.trial.results import (
     TrialResult,
     write_result_atomically,
 )
-from budgettune.trial.spec import TrialRun
+from budgettune.trial.trial_run import TrialRun
 from budgettune.workload import fingerprint, load_workload
 
 logger = logging.getLogger("budgettune.trial.child")  # not __main__ under ``python -m``

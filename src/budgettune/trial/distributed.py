@@ -20,14 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError
 from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.block_compile import compile_blocks
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
+from budgettune.trial.offload import ActivationOffload, apply_block_offload
 from budgettune.trial.recompute import (
     PreparedStep,
     build_optimizer,
     check_spec_supported,
     scoped_module_class,
 )
-from budgettune.trial.spec import TrialRun, TrialSpec
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
 from budgettune.workload import find_blocks
 
 if TYPE_CHECKING:
@@ -101,62 +104,6 @@ def collective_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-def _parents(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
-    return {
-        id(child): (parent, name)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-    }
-
-
-def allow_recompiles(count: int) -> None:
-    """Let dynamo compile one frame ``count`` times before it gives up.
-
-    The blocks compiled one by one share their class's ``forward`` code, so dynamo keeps one
-    cache entry list for all of them; blocks that differ in a guarded attribute (a sliding
-    window on every other layer) each add an entry, and past the recompile limit (8) a
-    ``fullgraph=True`` compile fails (``FailOnRecompileLimitHit``). A limit as large as the
-    number of blocks can never be hit that way. Only ever raised, never lowered.
-    """
-    import torch._dynamo.config as dynamo_config
-
-    for name in ("recompile_limit", "cache_size_limit"):  # the newer name first
-        current = getattr(dynamo_config, name, None)
-        if isinstance(current, int):
-            if current < count:
-                setattr(dynamo_config, name, count)
-                logger.info("dynamo %s raised from %d to %d (one per block)", name, current, count)
-            return
-
-
-def compile_blocks(
-    model: nn.Module, blocks: Sequence[nn.Module], spec: TrialSpec
-) -> list[nn.Module]:
-    """Replace each block in its parent by ``torch.compile(block, fullgraph=True)``.
-
-    Returns:
-        The blocks as they now sit in the model (the compiled wrappers).
-    """
-    import torch
-
-    if not spec.is_compiled:
-        return list(blocks)
-    allow_recompiles(len(blocks))
-    parents = _parents(model)
-    kwargs: dict[str, Any] = {"backend": spec.compile_backend, "fullgraph": True}
-    if spec.compile_backend == "inductor" and spec.compile_mode != "default":
-        kwargs["mode"] = spec.compile_mode
-    placed = []
-    for block in blocks:
-        if id(block) not in parents:
-            raise SpecError(f"block {type(block).__name__} is not a submodule of the model")
-        parent, name = parents[id(block)]
-        compiled = torch.compile(block, **kwargs)
-        parent.register_module(name, compiled)  # type: ignore[arg-type]
-        placed.append(compiled)
-    return placed  # type: ignore[return-value]
-
-
 def default_parallelize(model: nn.Module, mesh: DeviceMesh, blocks: Sequence[nn.Module]) -> None:
     """FSDP2 as torchtitan applies it: `fully_shard` each block, then the root."""
     from torch.distributed.fsdp import fully_shard
@@ -174,9 +121,10 @@ def shard_model(
     blocks: Sequence[nn.Module] | None,
     parallelize: Callable[[Any, Any], Any] | None = None,
     model_changes: Sequence[str] = (),
-) -> tuple[nn.Module, Callable[..., Any], tuple[str, ...]]:
+) -> tuple[nn.Module, Callable[..., Any], tuple[str, ...], ActivationOffload | None]:
     """Apply a spec to one rank's model in torchtitan's order: block AC, per-block compile,
-    then the sharding (``parallelize(model, mesh)``, or `default_parallelize`).
+    offload around the compiled blocks, then the sharding (``parallelize(model, mesh)``, or
+    `default_parallelize`).
 
     Args:
         model_changes: model changes to make first (a pin's, in a job).
@@ -184,7 +132,8 @@ def shard_model(
     Returns:
         The sharded model (owns the parameters, now DTensors), what the loss should call, and
         the model changes made (``use_cache=False`` on a transformers model whose blocks are
-        checkpointed or compiled one by one: see `hf_cache`).
+        checkpointed or compiled one by one: see `hf_cache`), and the offload hooks (None
+        when the spec does not offload).
 
     Raises:
         SpecError: block AC without blocks, or an unsupported spec.
@@ -198,9 +147,15 @@ def shard_model(
         raise SpecError("block_ac_every needs repeated blocks: pass Workload(blocks=...)")
     if found and (spec.block_ac_every or spec.is_compiled):
         made = tuple(dict.fromkeys(made + turn_off_kv_cache(model)))
+    if spec.offload_every and not found:
+        raise SpecError("offload_every needs repeated blocks: pass Workload(blocks=...)")
     if spec.block_ac_every:
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
     placed = compile_blocks(model, found, spec) if found else []
+    offload = None
+    if spec.offload_every:  # around the compiled blocks, per rank (each has its own ledger)
+        offload = ActivationOffload(device_types=(mesh.device_type,))
+        apply_block_offload(placed, spec.offload_every, offload)
     if parallelize is not None:
         model = parallelize(model, mesh) or model
     else:
@@ -210,14 +165,14 @@ def shard_model(
         # No blocks to compile one by one: compile the whole (sharded) model instead.
         backend = spec.compile_backend
         call = torch.compile(model, backend=backend)
-    return model, call, made
+    return model, call, made, offload
 
 
 def prepare_sharded(
     workload: Workload, spec: TrialSpec, device: torch.device, mesh: DeviceMesh
 ) -> PreparedStep:
     """`recompute.prepare` for a rank of a sharded trial."""
-    model, call, changes = shard_model(
+    model, call, changes, offload = shard_model(
         workload.model,
         spec,
         mesh,
@@ -225,6 +180,7 @@ def prepare_sharded(
         parallelize=workload.parallelize,
     )
     return PreparedStep(
+        offload=offload,
         model_changes=changes,
         model=model,
         compiled=call,
@@ -263,7 +219,7 @@ def apply_sharded(
 ) -> nn.Module:
     """A pin applied on one rank of a training job: like the trial, plus the scoped settings
     around each call (see `recompute.apply_to_model`)."""
-    sharded, call, _ = shard_model(
+    sharded, call, _, _ = shard_model(
         model, spec, mesh, blocks=blocks, parallelize=parallelize, model_changes=model_changes
     )
     if not spec.is_compiled:

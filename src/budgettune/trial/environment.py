@@ -7,7 +7,7 @@ import os
 import tempfile
 
 from budgettune.trial.allocator import apply_allocator_settings
-from budgettune.trial.spec import TrialRun
+from budgettune.trial.trial_run import TrialRun
 
 
 def prepare_process_environment(run: TrialRun) -> None:

@@ -33,11 +33,13 @@ from budgettune.errors import SpecError
 T = TypeVar("T")
 
 AppliedBy = Literal[
-    "partitioner", "op_list", "compile", "block_ac", "optimizer", "allocator", "step"
+    "partitioner", "op_list", "compile", "block_ac", "offload", "optimizer", "allocator", "step"
 ]
 """How the child and the job apply a knob: ``partitioner`` (its ``functorch_key``, scoped
 around each compiled call), ``op_list`` (the partitioner's recomputable list), ``compile``
 (`torch.compile`'s arguments), ``block_ac`` (checkpoint wrappers on the repeated blocks),
+``offload`` (saved-tensor hooks around every k-th block, the blocks then compiled one by one:
+`recompute.apply_offload`),
 ``optimizer`` (`pinned.optimizer`), ``allocator`` (`load_pinned`); ``step`` is no knob but a
 setting of the measurement (steps, seed) that a job does not take from the pin."""
 Sampled = Literal["choice", "range", "subset", "study"]

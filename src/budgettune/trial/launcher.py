@@ -34,8 +34,8 @@ from budgettune.trial.results import (
     read_result,
     write_result_atomically,
 )
-from budgettune.trial.spec import TrialRun
 from budgettune.trial.torchrun import torchrun_command
+from budgettune.trial.trial_run import TrialRun
 
 logger = logging.getLogger(__name__)
 

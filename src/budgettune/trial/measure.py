@@ -174,6 +174,36 @@ def live_tensor_bytes(device_type: str, *, model: Any, optimizer: Any, batch: An
     return sum(storages.values())
 
 
+def start_host_window(step: PreparedStep) -> None:
+    """Start the measured step's host figures (offload only)."""
+    if step.offload is None:
+        return
+    step.offload.ledger.reset_peak()
+    if step.device.type == "cuda":
+        import torch
+
+        reset = getattr(torch.cuda, "reset_peak_host_memory_stats", None)
+        if callable(reset):
+            reset()
+
+
+def host_window(step: PreparedStep) -> tuple[int, int]:
+    """The measured step's host peak and bytes offloaded (see `Measurement.host_peak_bytes`);
+    (0, 0) without offload."""
+    if step.offload is None:
+        return 0, 0
+    ledger = step.offload.ledger
+    peak = ledger.peak_bytes
+    if step.device.type == "cuda":
+        import torch
+
+        stats = getattr(torch.cuda, "host_memory_stats", None)
+        pinned = stats().get("allocated_bytes.peak") if callable(stats) else None
+        if isinstance(pinned, int) and pinned > 0:
+            peak = max(peak, pinned)
+    return peak, ledger.moved_bytes
+
+
 # --------------------------------------------------------------------------- CPU
 
 
@@ -186,10 +216,13 @@ def _measurement(
     steady: int,
     phase_peaks: dict[str, int],
     times_ms: list[float],
+    host: tuple[int, int] = (0, 0),
 ) -> Measurement:
     """Assemble a `Measurement` (shared by the CPU and CUDA recipes)."""
     median, p10, p90 = _percentiles_ms(times_ms)
     return Measurement(
+        host_peak_bytes=host[0],
+        offload_bytes=host[1],
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
         peak_device_bytes=device,
@@ -209,7 +242,9 @@ def measure_cpu(step: PreparedStep, spec: TrialSpec) -> Measurement:
     """The CPU recipe: profiler allocator events for memory, `perf_counter` for time."""
     first = warm_up(step, spec)
     steady = steady_tensor_bytes(step)
+    start_host_window(step)
     window = profile_cpu_step(step)
+    host = host_window(step)
     phase_peaks = {phase: steady + window.phase_peak_bytes[phase] for phase in PHASES}
     peak = steady + window.window_peak_bytes
     times_ms = []
@@ -225,6 +260,7 @@ def measure_cpu(step: PreparedStep, spec: TrialSpec) -> Measurement:
         steady=steady,
         phase_peaks=phase_peaks,
         times_ms=times_ms,
+        host=host,
     )
 
 
@@ -269,6 +305,7 @@ def measure_cuda(step: PreparedStep, spec: TrialSpec) -> Measurement:
         torch.cuda.reset_peak_memory_stats(device)
 
     torch.cuda.reset_peak_memory_stats(device)
+    start_host_window(step)
     loss = step.forward_loss()
     close_phase("forward")
     step.backward(loss)
@@ -277,6 +314,7 @@ def measure_cuda(step: PreparedStep, spec: TrialSpec) -> Measurement:
     step.optimizer_step()
     close_phase("optimizer")
     peak = max(phase_peaks.values())
+    host = host_window(step)
 
     times_ms = []
     with torch.cuda.device(device):  # events record on the current stream of this device
@@ -296,4 +334,5 @@ def measure_cuda(step: PreparedStep, spec: TrialSpec) -> Measurement:
         steady=steady,
         phase_peaks=phase_peaks,
         times_ms=times_ms,
+        host=host,
     )

@@ -50,7 +50,8 @@ def read_rank_results(
 def merge_measurements(measurements: Sequence[Measurement]) -> Measurement:
     """The largest peaks of all ranks and the slowest rank's step time (its p10/p90 too);
     loss and grad norm from the first (rank 0: the loss is the same computation on every
-    rank, and the grad norm is global)."""
+    rank, and the grad norm is global). Host memory is the sum of the ranks' (they share one
+    host); the bytes offloaded per step, the largest rank's (each rank has its own link)."""
     slowest = max(measurements, key=lambda m: m.step_time_ms)
     phase_peaks = {p: max(m.phase_peak_bytes[p] for m in measurements) for p in PHASES}
     highest = max(measurements, key=lambda m: m.peak_allocated_bytes)
@@ -67,6 +68,8 @@ def merge_measurements(measurements: Sequence[Measurement]) -> Measurement:
         compile_s=max(m.compile_s for m in measurements),
         loss=measurements[0].loss,
         grad_norm=measurements[0].grad_norm,
+        host_peak_bytes=sum(m.host_peak_bytes for m in measurements),
+        offload_bytes=max(m.offload_bytes for m in measurements),
     )
 
 

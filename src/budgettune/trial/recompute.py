@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError
 from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.block_compile import compile_forwards
 from budgettune.trial.environment import prepare_process_environment  # noqa: F401 - re-exported
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
+from budgettune.trial.offload import ActivationOffload, apply_block_offload
 from budgettune.trial.optimizers import build_optimizer, rebuild_optimizer  # noqa: F401 - re-exported
 from budgettune.trial.partitioner import (  # noqa: F401 - re-exported
     PARTITIONER_KNOBS,
@@ -85,6 +87,8 @@ class PreparedStep:
     """The applied configuration."""
     model_changes: tuple[str, ...] = ()
     """What applying the spec changed in the model besides the knobs (``use_cache=False``)."""
+    offload: ActivationOffload | None = None
+    """The offload hooks around every k-th block (their ledger counts the host bytes)."""
 
     def forward_loss(self) -> torch.Tensor:
         """Forward and loss, inside the spec's partitioner settings (compilation happens here)."""
@@ -126,17 +130,16 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
     check_spec_supported(spec, device.type)
     model = workload.model
     model_changes: tuple[str, ...] = ()
-    if spec.block_ac_every:
-        blocks = list(workload.blocks) if workload.blocks is not None else find_blocks(model)
-        if not blocks:
-            raise SpecError(
-                "block_ac_every needs repeated blocks: pass Workload(blocks=model.layers)"
-            )
+    offload = None
+    if spec.block_ac_every or spec.offload_every:
+        blocks = _blocks_for(spec, model, workload.blocks, "Workload(blocks=model.layers)")
         model_changes = turn_off_kv_cache(model)
         apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
+        offload = apply_offload(blocks, spec, device.type)
     optimizer = build_optimizer(workload, spec, model.parameters())
-    compiled = compile_model(model, spec)
+    compiled = model if offload is not None else compile_model(model, spec)
     return PreparedStep(
+        offload=offload,
         model=model,
         compiled=compiled,
         optimizer=optimizer,
@@ -196,10 +199,11 @@ def apply_to_model(
     Raises:
         SpecError: on an unsupported spec or block AC without blocks.
     """
-    prepare_model(model, spec, blocks, model_changes=model_changes)
+    offload = prepare_model(model, spec, blocks, model_changes=model_changes)
     if not spec.is_compiled:
         return model
-    return scoped_module_class()(model, compile_model(model, spec), spec)
+    call = model if offload is not None else compile_model(model, spec)
+    return scoped_module_class()(model, call, spec)
 
 
 def prepare_model(
@@ -208,9 +212,12 @@ def prepare_model(
     blocks: Sequence[nn.Module] | None = None,
     *,
     model_changes: Sequence[str] = (),
-) -> None:
-    """`apply_to_model` up to the compile: checks, the trial's model changes and block AC, in
-    place (see its arguments).
+) -> ActivationOffload | None:
+    """`apply_to_model` up to the compile: checks, the trial's model changes, block AC and
+    offload, in place (see its arguments).
+
+    Returns:
+        The offload hooks when the spec offloads (its blocks are then compiled already).
 
     Raises:
         SpecError: on an unsupported spec or block AC without blocks.
@@ -218,11 +225,39 @@ def prepare_model(
     device_type = next((p.device.type for p in model.parameters()), "cpu")
     check_spec_supported(spec, device_type)
     apply_model_changes(model, model_changes)
-    if spec.block_ac_every:
-        found = list(blocks) if blocks is not None else find_blocks(model)
-        if not found:
-            raise SpecError("block_ac_every needs repeated blocks: pass blocks=model.layers")
+    if spec.block_ac_every or spec.offload_every:
+        found = _blocks_for(spec, model, blocks, "blocks=model.layers")
         # What was measured is what runs: the trial turned a transformers model's cache off
         # (a pin written before model changes were recorded is covered by the same rule).
         turn_off_kv_cache(model)
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
+        return apply_offload(found, spec, device_type)
+    return None
+
+
+def _blocks_for(
+    spec: TrialSpec, model: nn.Module, blocks: Sequence[nn.Module] | None, how: str
+) -> list[nn.Module]:
+    found = list(blocks) if blocks is not None else find_blocks(model)
+    if not found:
+        knob = "block_ac_every" if spec.block_ac_every else "offload_every"
+        raise SpecError(f"{knob} needs repeated blocks: pass {how}")
+    return found
+
+
+def apply_offload(
+    blocks: Sequence[nn.Module], spec: TrialSpec, device_type: str
+) -> ActivationOffload | None:
+    """Offload every ``offload_every``-th block's saved activations (after block AC). Compiled,
+    each block's forward is compiled on its own (`compile_forwards`) and the hooks sit around
+    the compiled call, where a whole-model compile would trace them; the rest of the model runs
+    eager. None when the knob is off.
+
+    On CPU the "host" is the same memory: the path runs (tests) but saves nothing.
+    """
+    if not spec.offload_every:
+        return None
+    compile_forwards(blocks, spec)
+    offload = ActivationOffload(device_types=(device_type,))
+    apply_block_offload(blocks, spec.offload_every, offload)
+    return offload

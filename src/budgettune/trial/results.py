@@ -96,6 +96,12 @@ class Measurement:
     """Loss of the first step under the spec's seed."""
     grad_norm: float
     """Global L2 norm of the gradients of the first step."""
+    host_peak_bytes: int = 0
+    """Host memory held for offloaded activations, at most, over the measured step (0 without
+    offload): on CUDA the pinned allocator's own bytes where torch reports them (it rounds
+    blocks up and keeps them cached), else the offloaded bytes held at once."""
+    offload_bytes: int = 0
+    """Bytes the measured step copied to host memory (as many come back in its backward)."""
 
     def __post_init__(self) -> None:
         if self.peak_phase not in PHASES:

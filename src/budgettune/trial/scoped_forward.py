@@ -45,13 +45,17 @@ def scoped_forward_of(module: nn.Module) -> ScopedForward | None:
     return found if isinstance(found, ScopedForward) else None
 
 
-def compile_forward_in_place(module: nn.Module, spec: TrialSpec) -> ScopedForward | None:
+def compile_forward_in_place(
+    module: nn.Module, spec: TrialSpec, *, blocks_compiled: bool = False
+) -> ScopedForward | None:
     """Compile ``module.forward`` as the spec says, in place, its calls inside the spec's
     partitioner settings (the backward's partition is chosen during the forward call).
 
     Args:
         module: the model a trainer holds.
         spec: the pinned configuration (``eager``: nothing is done).
+        blocks_compiled: its blocks are compiled one by one already (offload: the hooks sit
+            around them); the forward is then only scoped, not compiled as a whole.
 
     Returns:
         The installed `ScopedForward` (None when the spec is eager).
@@ -64,7 +68,7 @@ def compile_forward_in_place(module: nn.Module, spec: TrialSpec) -> ScopedForwar
     if scoped_forward_of(module) is not None:
         raise SpecError(f"{type(module).__name__}.forward is compiled in place already")
     original: Callable[..., Any] = module.forward
-    compiled = compile_model(original, spec)
+    compiled = original if blocks_compiled else compile_model(original, spec)
     state = ScopedForward(spec=spec)
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
