@@ -37,6 +37,7 @@ class _Search:
     max_mem_bytes: int = 100
     mem_metric: str = "device"
     margin: float = 0.03
+    host_limit_bytes: int = 10**12
 
 
 @dataclass

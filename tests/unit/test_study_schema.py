@@ -35,6 +35,7 @@ GOOD: dict[str, Any] = {
     "workload_options": {"n_layers": 2, "dropout": 0.0, "name": "x", "flag": True, "sizes": [1]},
     "device": "cpu",
     "max_mem": "1GB",
+    "max_host_mem": "8GiB",
     "mem_metric": "allocated",
     "num_trials": 0,
     "study_name": "tiny-gpt_v1.2",
@@ -70,6 +71,8 @@ GOOD: dict[str, Any] = {
     "fix.cuda_alloc_conf": "expandable_segments:True",
     "space.aggressive_recomputations": [False, True],
     "fix.aggressive_recomputation": True,
+    "space.offload_every": [0, 1, 2],
+    "fix.offload_every": 2,
     "trial.warmup_steps": 1,
     "trial.timed_steps": 1,
     "trial.seed": 0,
@@ -77,6 +80,7 @@ GOOD: dict[str, Any] = {
 #: Bad values a key's schema cannot tell of (what the value means, not its type).
 MEANING: dict[str, tuple[Any, ...]] = {
     "max_mem": ("banana", "0", "-5GB", "0.9MiB", 120, "999999999999999999999PB", "", INF, NAN),
+    "max_host_mem": ("banana", "0", "-5GB", "0.9MiB", 120, "", INF, NAN),
     "device": ("cuda:-1", "gpu", "cpu:0", ""),
     "study_name": ("../x", "/abs/path", ".hidden", "-x", "a b", "a/b", "x" * 201, "`x`", ""),
     "workload": ("",),

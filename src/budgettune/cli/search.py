@@ -61,6 +61,15 @@ def search(
         str | None,
         typer.Option(help="What --max-mem limits: device (nvidia-smi), reserved or allocated."),
     ] = None,
+    max_host_mem: Annotated[
+        str | None,
+        typer.Option(
+            "--max-host-mem",
+            help="Host memory a trial's offloaded activations may hold, all its ranks together "
+            "(--offload-every); a trial over it does not fit. Default: half of this host's "
+            "memory.",
+        ),
+    ] = None,
     num_trials: Annotated[
         int | None,
         typer.Option(
@@ -192,6 +201,7 @@ def search(
         "workload_options": parse_options(option) if option else None,
         "device": device,
         "max_mem": max_mem,
+        "max_host_mem": max_host_mem,
         "mem_metric": mem_metric,
         "num_trials": num_trials,
         "study_name": study_name,

@@ -23,7 +23,7 @@ from budgettune.pinning.document import (
     RankPeak,
 )
 from budgettune.trial.ranks import memory_split, per_rank_figures
-from budgettune.trial.results import TrialResult, write_json_atomically
+from budgettune.trial.results import Measurement, TrialResult, write_json_atomically
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
 SHARDING = (
@@ -105,6 +105,25 @@ def fits_limit(peak_bytes: float, *, limit_bytes: int, margin: float) -> bool:
     return margin_violation_bytes(peak_bytes, limit_bytes=limit_bytes, margin=margin) <= 0
 
 
+def measured_violation_bytes(
+    measurement: Measurement,
+    *,
+    limit_bytes: int,
+    mem_metric: str,
+    margin: float,
+    host_limit_bytes: int | None,
+) -> float:
+    """A measured run's `margin_violation_bytes`, or, when its offloaded activations held more
+    host memory than ``host_limit_bytes`` (``--max-host-mem``), the larger of that and the
+    bytes over the host limit: either way > 0 does not fit."""
+    device = margin_violation_bytes(
+        measurement.peak_bytes(mem_metric), limit_bytes=limit_bytes, margin=margin
+    )
+    if host_limit_bytes is not None and measurement.host_peak_bytes > host_limit_bytes:
+        return max(device, float(measurement.host_peak_bytes - host_limit_bytes))
+    return device
+
+
 #: The allocator's reserved peak above its allocated peak that is worth a word: past this
 #: fraction of the allocated peak, fragmentation decides whether a configuration fits.
 RESERVED_GAP_FRACTION = 0.15
@@ -148,8 +167,10 @@ def choose_pin(
     limit_bytes: int,
     mem_metric: str,
     margin: float,
+    host_limit_bytes: int | None = None,
 ) -> tuple[Candidate, list[TrialResult]] | None:
-    """The fastest candidate whose *worst* re-measured peak, plus the margin, fits the limit.
+    """The fastest candidate whose *worst* re-measured peak, plus the margin, fits the limit
+    (and whose every run held at most ``host_limit_bytes`` of host memory, when given).
 
     A candidate qualifies only if every re-measurement ended ``ok``. Speed is the median of
     the re-measured step times.
@@ -164,6 +185,10 @@ def choose_pin(
             continue
         worst = max(r.measurement.peak_bytes(mem_metric) for r in results if r.measurement)
         if not fits_limit(worst, limit_bytes=limit_bytes, margin=margin):
+            continue
+        if host_limit_bytes is not None and any(
+            r.measurement.host_peak_bytes > host_limit_bytes for r in results if r.measurement
+        ):
             continue
         median_ms = statistics.median(r.measurement.step_time_ms for r in results if r.measurement)
         qualified.append((median_ms, candidate, results))
@@ -193,6 +218,8 @@ def _figures(results: Sequence[TrialResult], metric: str, *, sharded: bool) -> P
         phase_peak_bytes=dict(last.phase_peak_bytes),
         per_rank=None if per_rank is None else tuple(map(RankPeak.from_json_dict, per_rank)),
         split=None if per_rank is None else MemorySplit.from_json_dict(memory_split(per_rank)),
+        host_peak_worst_bytes=max(m.host_peak_bytes for m in measurements),
+        offload_bytes=last.offload_bytes,
     )
 
 
@@ -240,6 +267,9 @@ def build_pin(
     full_ac_results: Sequence[TrialResult] = (),
     op_sac: ReferenceTrial | None = None,
     op_sac_results: Sequence[TrialResult] = (),
+    no_offload: ReferenceTrial | None = None,
+    no_offload_results: Sequence[TrialResult] = (),
+    host_limit_bytes: int | None = None,
 ) -> PinDocument:
     """The pin (schema version 1).
 
@@ -258,6 +288,9 @@ def build_pin(
         full_ac_results: its fresh re-measurements.
         op_sac: torchtitan's op SAC baseline's trial (sharded studies), with ``fits``.
         op_sac_results: its fresh re-measurements.
+        no_offload: for a pin that offloads, the fastest trial without offload that fit.
+        no_offload_results: its fresh re-measurements.
+        host_limit_bytes: the search's ``--max-host-mem`` (recorded in a pin that offloads).
     """
     measured = _figures(reverify_results, scope.mem_metric, sharded=scope.world_size > 1)
     first = reverify_results[0]
@@ -300,6 +333,8 @@ def build_pin(
         baseline_status=baseline_status,
         full_ac=reference_figures(full_ac, full_ac_results, pin_step_time_ms=pin_ms),
         op_sac=op_sac_doc,
+        no_offload=reference_figures(no_offload, no_offload_results, pin_step_time_ms=pin_ms),
+        host_limit_bytes=host_limit_bytes if candidate.spec.offload_every else None,
         world_size=scope.world_size,
         sharding=SHARDING if scope.world_size > 1 else "none",
         fingerprint=PinFingerprint(

@@ -15,226 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from budgettune.pinning.pin_figures import (  # noqa: F401 - re-exported
+    MemorySplit,
+    PinMeasured,
+    PinReference,
+    RankPeak,
+    as_int,
+    optional_int,
+    spec_of,
+)
 from budgettune.trial.spec import TrialSpec
 
 SCHEMA_VERSION = 1
 """The pin schema this budgettune writes and reads."""
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return default if value is None else int(value)
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _spec(value: Any) -> TrialSpec:
-    return TrialSpec.from_json_dict(value or {})
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankPeak:
-    """One rank of a sharded pin over its fresh runs (a row of ``measured.per_rank``)."""
-
-    rank: int
-    """The global rank."""
-    peak_worst_bytes: int
-    """The worst peak on the pin's metric."""
-    peak_allocated_bytes: int | None
-    """The worst allocated peak."""
-    steady_bytes: int
-    """The sharded state (parameters, gradients, optimizer state) on this rank."""
-    step_time_ms: float
-    """The median step time."""
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
-            "rank": self.rank,
-            "peak_worst_bytes": self.peak_worst_bytes,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "steady_bytes": self.steady_bytes,
-            "step_time_ms": self.step_time_ms,
-        }
-
-    @classmethod
-    def from_json_dict(cls, data: Mapping[str, Any]) -> RankPeak:
-        """Build from the JSON form."""
-        return cls(
-            rank=int(data["rank"]),
-            peak_worst_bytes=_int(data.get("peak_worst_bytes")),
-            peak_allocated_bytes=_optional_int(data.get("peak_allocated_bytes")),
-            steady_bytes=_int(data.get("steady_bytes")),
-            step_time_ms=float(data.get("step_time_ms") or 0.0),
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemorySplit:
-    """The largest rank's peak split into sharded state and activations (``measured.split``)."""
-
-    sharded_state_bytes: int
-    """Parameters, gradients and optimizer state on the rank (they scale with 1/world size)."""
-    activation_bytes: int
-    """The rest of the peak: activations and temporaries (not sharded)."""
-    peak_allocated_bytes: int
-    """The rank's allocated peak."""
-
-    def to_json_dict(self) -> dict[str, int]:
-        """The JSON form (`trial.ranks.world_size_warning` reads it)."""
-        return {
-            "sharded_state_bytes": self.sharded_state_bytes,
-            "activation_bytes": self.activation_bytes,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-        }
-
-    @classmethod
-    def from_json_dict(cls, data: Mapping[str, Any]) -> MemorySplit:
-        """Build from the JSON form."""
-        return cls(
-            sharded_state_bytes=_int(data.get("sharded_state_bytes")),
-            activation_bytes=_int(data.get("activation_bytes")),
-            peak_allocated_bytes=_int(data.get("peak_allocated_bytes")),
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PinMeasured:
-    """The pinned configuration's figures over its fresh re-measurements (``measured``)."""
-
-    runs: int | None = None
-    """How many fresh runs the figures are of (None: not recorded)."""
-    peak_median_bytes: int = 0
-    """Median peak on the pin's metric."""
-    peak_worst_bytes: int = 0
-    """Worst peak on the pin's metric: what is checked against the limit."""
-    peak_device_worst_bytes: int = 0
-    """Worst device peak."""
-    peak_reserved_worst_bytes: int = 0
-    """Worst reserved peak."""
-    peak_allocated_worst_bytes: int = 0
-    """Worst allocated peak."""
-    step_time_ms: float = 0.0
-    """Median step time."""
-    step_time_worst_ms: float = 0.0
-    """Slowest run's step time."""
-    steady_bytes: int = 0
-    """Parameters + gradients + optimizer state (the last run's)."""
-    peak_phase: str | None = None
-    """Where the peak was set (the last run's)."""
-    phase_peak_bytes: Mapping[str, int] = field(default_factory=dict)
-    """Each phase's peak (the last run's)."""
-    per_rank: tuple[RankPeak, ...] | None = None
-    """Sharded pins: each rank's figures (None: not sharded)."""
-    split: MemorySplit | None = None
-    """Sharded pins: the largest rank's split of its peak."""
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON form (``per_rank`` and ``split`` only for a sharded pin)."""
-        data: dict[str, Any] = {
-            "runs": self.runs,
-            "peak_median_bytes": self.peak_median_bytes,
-            "peak_worst_bytes": self.peak_worst_bytes,
-            "peak_device_worst_bytes": self.peak_device_worst_bytes,
-            "peak_reserved_worst_bytes": self.peak_reserved_worst_bytes,
-            "peak_allocated_worst_bytes": self.peak_allocated_worst_bytes,
-            "step_time_ms": self.step_time_ms,
-            "step_time_worst_ms": self.step_time_worst_ms,
-            "steady_bytes": self.steady_bytes,
-            "peak_phase": self.peak_phase,
-            "phase_peak_bytes": dict(self.phase_peak_bytes),
-        }
-        if self.per_rank is not None:
-            data["per_rank"] = [row.to_json_dict() for row in self.per_rank]
-        if self.split is not None:
-            data["split"] = self.split.to_json_dict()
-        return data
-
-    @classmethod
-    def from_json_dict(cls, data: Mapping[str, Any]) -> PinMeasured:
-        """Build from the JSON form; a missing figure reads as 0 (None for ``runs``)."""
-        per_rank, split = data.get("per_rank"), data.get("split")
-        return cls(
-            runs=_optional_int(data.get("runs")),
-            peak_median_bytes=_int(data.get("peak_median_bytes")),
-            peak_worst_bytes=_int(data.get("peak_worst_bytes")),
-            peak_device_worst_bytes=_int(data.get("peak_device_worst_bytes")),
-            peak_reserved_worst_bytes=_int(data.get("peak_reserved_worst_bytes")),
-            peak_allocated_worst_bytes=_int(data.get("peak_allocated_worst_bytes")),
-            step_time_ms=float(data.get("step_time_ms") or 0.0),
-            step_time_worst_ms=float(data.get("step_time_worst_ms") or 0.0),
-            steady_bytes=_int(data.get("steady_bytes")),
-            peak_phase=data.get("peak_phase"),
-            phase_peak_bytes=dict(data.get("phase_peak_bytes") or {}),
-            per_rank=None
-            if per_rank is None
-            else tuple(RankPeak.from_json_dict(row) for row in per_rank),
-            split=None if not split else MemorySplit.from_json_dict(split),
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PinReference:
-    """A configuration the pin is compared with (``baseline``, ``full_ac``, ``op_sac``)."""
-
-    spec: TrialSpec
-    """Its configuration."""
-    peak_bytes: int
-    """Its peak on the pin's metric (from its trial)."""
-    peak_device_bytes: int | None
-    """Its device peak (from its trial)."""
-    step_time_ms: float
-    """The median of its fresh re-measurements when some succeeded, else its trial's."""
-    runs: int | None
-    """Fresh re-measurements behind ``step_time_ms`` (0: the trial's figure; None: a pin
-    written before references were re-measured)."""
-    trial_step_time_ms: float | None
-    """Its trial's own step time (None: a pin written before it was recorded)."""
-    peak_phase: str | None
-    """Where its peak was set."""
-    slowdown: float
-    """The pin's step time over this one's, minus 1."""
-    fits: bool | None = None
-    """``op_sac`` only: whether it fits the limit with the margin."""
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON form (``runs``, ``trial_step_time_ms`` and ``fits`` only when known)."""
-        data: dict[str, Any] = {
-            "spec": self.spec.to_json_dict(),
-            "peak_bytes": self.peak_bytes,
-            "peak_device_bytes": self.peak_device_bytes,
-            "step_time_ms": self.step_time_ms,
-        }
-        if self.runs is not None:
-            data["runs"] = self.runs
-        if self.trial_step_time_ms is not None:
-            data["trial_step_time_ms"] = self.trial_step_time_ms
-        data["peak_phase"] = self.peak_phase
-        data["slowdown"] = self.slowdown
-        if self.fits is not None:
-            data["fits"] = self.fits
-        return data
-
-    @classmethod
-    def from_json_dict(cls, data: Mapping[str, Any]) -> PinReference:
-        """Build from the JSON form."""
-        fits = data.get("fits")
-        return cls(
-            spec=_spec(data.get("spec")),
-            peak_bytes=_int(data.get("peak_bytes")),
-            peak_device_bytes=_optional_int(data.get("peak_device_bytes")),
-            step_time_ms=float(data.get("step_time_ms") or 0.0),
-            runs=_optional_int(data.get("runs")),
-            trial_step_time_ms=_optional_float(data.get("trial_step_time_ms")),
-            peak_phase=data.get("peak_phase"),
-            slowdown=float(data.get("slowdown") or 0.0),
-            fits=None if fits is None else bool(fits),
-        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -312,6 +105,11 @@ class PinDocument:
     """Full block AC, when the unconstrained baseline cannot run under the limit."""
     op_sac: PinReference | None = None
     """torchtitan's op SAC (sharded studies), with ``fits``."""
+    no_offload: PinReference | None = None
+    """Offloading pins: the fastest configuration without offload that fit in the same study
+    (None: the pin does not offload, or nothing without offload fit)."""
+    host_limit_bytes: int | None = None
+    """Offloading pins: the ``--max-host-mem`` the search held them to."""
     world_size: int = 1
     """Ranks per trial (above 1: measured sharded)."""
     sharding: str = "none"
@@ -351,6 +149,16 @@ class PinDocument:
             "world_size": self.world_size,
             "sharding": self.sharding,
             "fingerprint": self.fingerprint.to_json_dict(),
+            **self._offload_json(),
+        }
+
+    def _offload_json(self) -> dict[str, Any]:
+        """The offload keys, only in a pin that offloads (older documents stay as written)."""
+        if not self.spec.offload_every:
+            return {}
+        return {
+            "no_offload": None if self.no_offload is None else self.no_offload.to_json_dict(),
+            "host_limit_bytes": self.host_limit_bytes,
         }
 
     @classmethod
@@ -366,17 +174,17 @@ class PinDocument:
             return PinReference.from_json_dict(value) if value else None
 
         return cls(
-            schema_version=_int(data.get("schema_version"), SCHEMA_VERSION),
+            schema_version=as_int(data.get("schema_version"), SCHEMA_VERSION),
             created_at=str(data.get("created_at") or ""),
             study_name=str(data.get("study_name") or ""),
-            trial_number=_optional_int(data.get("trial_number")),
-            trials=_optional_int(data.get("trials")),
+            trial_number=optional_int(data.get("trial_number")),
+            trials=optional_int(data.get("trials")),
             workload=str(data.get("workload") or ""),
             workload_options=dict(data.get("workload_options") or {}),
             device=str(data.get("device") or "cpu"),
-            spec=_spec(data.get("spec")),
+            spec=spec_of(data.get("spec")),
             model_changes=tuple(data.get("model_changes") or ()),
-            limit_bytes=_int(data.get("limit_bytes")),
+            limit_bytes=as_int(data.get("limit_bytes")),
             mem_metric=str(data.get("mem_metric") or "device"),
             margin=float(data.get("margin") or 0.0),
             measured=PinMeasured.from_json_dict(data.get("measured") or {}),
@@ -385,7 +193,9 @@ class PinDocument:
             baseline_status=str(data.get("baseline_status") or "ok"),
             full_ac=reference("full_ac"),
             op_sac=reference("op_sac"),
-            world_size=_int(data.get("world_size"), 1),
+            no_offload=reference("no_offload"),
+            host_limit_bytes=optional_int(data.get("host_limit_bytes")),
+            world_size=as_int(data.get("world_size"), 1),
             sharding=str(data.get("sharding") or "none"),
             fingerprint=PinFingerprint.from_json_dict(data.get("fingerprint") or {}),
         )

@@ -68,6 +68,8 @@ class TrialRow:
     nothing), by rank; the trial's peak is the largest."""
     rank_step_ms: tuple[float | None, ...] = ()
     """Sharded trials: each rank's median step time; the trial's is the slowest."""
+    host_peak_bytes: int | None = None
+    """Host memory its offloaded activations held at most (None or 0: no offload)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,6 +106,8 @@ class StudyReport:
     """Ranks per trial (above 1: sharded trials; peaks are per rank)."""
     study_settings: str = ""
     """The study-wide knobs not at their default (`TrialSpec.describe_study`)."""
+    host_limit_bytes: int | None = None
+    """``--max-host-mem`` of a study that searches offload (None: it does not)."""
 
     @property
     def pin_document(self) -> PinDocument | None:
@@ -185,9 +189,14 @@ def _rows(
                 peak_reserved_bytes=record.peak_reserved_bytes,
                 rank_peaks=tuple(r.peak_bytes(metric) for r in record.ranks),
                 rank_step_ms=tuple(r.step_time_ms for r in record.ranks),
+                host_peak_bytes=record.host_peak_bytes,
             )
         )
     return rows
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _as_dict(value: Any) -> dict[str, Any] | None:
@@ -248,4 +257,5 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         settled=describe_settlements(study.user_attrs.get(SETTLED_ATTR)),
         world_size=int(search.get("nproc_per_node", 1)),
         study_settings=TrialSpec.from_json_dict(search.get("base") or {}).describe_study(),
+        host_limit_bytes=_optional_int(search.get("max_host_mem_bytes")),
     )

@@ -31,6 +31,8 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
         )
         table.add_row("compile", f"{m.compile_s:.1f} s")
         table.add_row("first-step loss", f"{m.loss:.6g} (grad norm {m.grad_norm:.6g})")
+        if m.offload_bytes or m.host_peak_bytes:
+            table.add_row("offloaded", offload_line(m.offload_bytes, m.host_peak_bytes))
     if result.model_changes:
         table.add_row("model changed", ", ".join(result.model_changes))
     if result.world_size > 1:
@@ -43,6 +45,14 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
     table.add_row("log", result.log_path)
     table.add_row("wall time", f"{result.wall_s:.1f} s")
     return table
+
+
+def offload_line(offload_bytes: int, host_peak_bytes: int) -> str:
+    """What offload moved in a step and held on the host."""
+    return (
+        f"{format_bytes(offload_bytes)} to host memory and back per step, "
+        f"host memory held {format_bytes(host_peak_bytes)} at most"
+    )
 
 
 def rank_line(m: Measurement | None, error: str = "") -> str:
@@ -110,6 +120,8 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
         table.add_row("vs op SAC", f"{op_sac.slowdown * 100:+.1f}%")
     if status not in ("ok", "over_limit", "missing"):
         table.add_row("baseline (budget 1.0)", f"cannot run: {status}")
+    if pin.spec.offload_every:
+        _offload_rows(table, pin)
     if pin.world_size > 1:
         table.add_row("world size", f"{pin.world_size} ranks; {pin.sharding}")
         for row in measured.per_rank or ():
@@ -131,6 +143,26 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
     return table
 
 
+def _offload_rows(table: Table, pin: PinDocument) -> None:
+    measured = pin.measured
+    limit = (
+        "" if pin.host_limit_bytes is None else f" (limit {format_bytes(pin.host_limit_bytes)})"
+    )
+    table.add_row(
+        "offloaded", offload_line(measured.offload_bytes, measured.host_peak_worst_bytes) + limit
+    )
+    best = pin.no_offload
+    if best is None:
+        table.add_row("without offload", "nothing without offload fit in this study")
+        return
+    table.add_row(
+        "best without offload",
+        f"{best.spec.describe()}: {format_bytes(best.peak_bytes)}, {best.step_time_ms:.2f} ms"
+        + (f" (median of {best.runs} runs)" if best.runs else ""),
+    )
+    table.add_row("vs best without offload", f"{best.slowdown * 100:+.1f}%")
+
+
 def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
     """Trials table, best feasible and Pareto front of a study."""
     from rich.text import Text
@@ -145,7 +177,12 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
     trials = Table(
         title=f"study {report.study_name}: {report.workload}, limit "
         f"{format_bytes(report.limit_bytes)} ({metric})"
-        + (f", {report.study_settings}" if report.study_settings else ""),
+        + (f", {report.study_settings}" if report.study_settings else "")
+        + (
+            f", host memory for offload {format_bytes(report.host_limit_bytes)}"
+            if report.host_limit_bytes is not None
+            else ""
+        ),
         caption=f"peak: {metric} peak in {unit}; vs base: step time against the unconstrained "
         "baseline"
         + ("; vs AC: against full block AC (the baseline cannot run)" if with_ac else "")
@@ -188,6 +225,7 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
                     else ""
                 )
                 + (f"[{row.baseline}] " if row.baseline else "")
+                + (f"host {size(row.host_peak_bytes)} {unit}; " if row.host_peak_bytes else "")
                 + (row.config or row.error)
             ),
         )

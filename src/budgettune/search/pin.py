@@ -6,19 +6,16 @@ limit with the margin) or `MAX_CANDIDATES` have been re-measured. Only when noth
 does the search end with exit 3 (exit 4 when no trial could be measured at all). The
 references the pin reports its slowdown against (the unconstrained baseline, full block AC
 when that baseline cannot run under the limit, and torchtitan's op SAC in a sharded study)
-are re-measured as often as the pin.
+are re-measured as often as the pin, and so is, for a pin that offloads, the fastest
+configuration without offload that fit.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 import optuna
 
-from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
 from budgettune.pinning import (
     Candidate,
     PinDocument,
@@ -26,9 +23,14 @@ from budgettune.pinning import (
     ReferenceTrial,
     build_pin,
     choose_pin,
-    phase_advice,
 )
 from budgettune.search.fresh import FreshJob
+from budgettune.search.pin_errors import (  # noqa: F401 - re-exported
+    margin_advice,
+    no_feasible_error,
+    nothing_measured_error,
+)
+from budgettune.search.pin_steps import Notices, PinRecorder, PinSteps, StudyTrials  # noqa: F401
 from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import (
     FULL_AC,
@@ -40,7 +42,6 @@ from budgettune.storage.trials import (
     feasible_candidates,
     metric_peak,
     record_of,
-    smallest_peak,
 )
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.units import format_bytes, format_percent
@@ -48,75 +49,6 @@ from budgettune.units import format_bytes, format_percent
 MAX_CANDIDATES = 8
 """At most this many feasible configurations are re-measured (or ``--top-k``, if larger)
 before the search gives up with exit 3: each costs ``--reverify`` fresh runs."""
-
-
-class StudyTrials(Protocol):
-    """The study's trials (an `optuna.Study`)."""
-
-    def get_trials(self, deepcopy: bool = ...) -> list[optuna.trial.FrozenTrial]:
-        """Every trial of the study."""
-        ...
-
-
-class PinRecorder(Protocol):
-    """Where the pin is recorded (a `budgettune.storage.Storage`)."""
-
-    def record_pin(
-        self,
-        *,
-        study_name: str,
-        pin: Mapping[str, Any],
-        peak_bytes: int,
-        step_time_ms: float,
-        slowdown: float | None,
-        limit_bytes: int,
-        mem_metric: str,
-    ) -> int:
-        """Store the pin's JSON with its headline figures."""
-        ...
-
-
-class Notices(Protocol):
-    """Receives one-line notices (a `search.study.SearchObserver`)."""
-
-    def notice(self, text: str) -> None:
-        """Something the user should read as it happens."""
-        ...
-
-
-class PinSteps(Protocol):
-    """What the pin step needs of a search (the `Searcher` has it): the search's spec, its
-    study's trials, fresh re-measurements, somewhere to say what it does and to record the
-    pin, and the run folder its errors point to."""
-
-    @property
-    def search(self) -> SearchSpec:
-        """The search: its limit, metric, margin, ``--top-k``, workload and study name."""
-        ...
-
-    @property
-    def study(self) -> StudyTrials:
-        """The study's trials."""
-        ...
-
-    @property
-    def store(self) -> PinRecorder:
-        """Where the pin is recorded."""
-        ...
-
-    @property
-    def observer(self) -> Notices:
-        """Where notices go."""
-        ...
-
-    @property
-    def runs_dir(self) -> Path:
-        """The study's run folder (trial logs)."""
-        ...
-
-    def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
-        """Measure each job ``--reverify`` times in fresh processes."""
-        ...
 
 
 def reverify_until_one_fits(
@@ -166,6 +98,7 @@ def reverify_until_one_fits(
             limit_bytes=search.max_mem_bytes,
             mem_metric=search.mem_metric,
             margin=search.margin,
+            host_limit_bytes=search.host_limit_bytes,
         )
         if chosen is not None:
             return chosen, reverified
@@ -276,10 +209,18 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     op_sac = baseline_trial(trials, OP_SAC)
     if op_sac is not None and op_sac[1].outcome is not TrialOutcome.OK:
         op_sac = None
+    no_offload = (
+        fastest_without_offload(trials, candidates) if candidate.spec.offload_every else None
+    )
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
-    baseline_runs, full_ac_runs, op_sac_runs = remeasure(
+    baseline_runs, full_ac_runs, op_sac_runs, no_offload_runs = remeasure(
         searcher,
-        [(measured, "unconstrained", False), (full_ac, "full-AC", True), (op_sac, "op-SAC", True)],
+        [
+            (measured, "unconstrained", False),
+            (full_ac, "full-AC", True),
+            (op_sac, "op-SAC", True),
+            (no_offload, "no-offload", True),
+        ],
         reverified,
     )
     metric = search.mem_metric
@@ -294,6 +235,9 @@ def pin_study(searcher: PinSteps) -> PinDocument:
         full_ac_results=full_ac_runs,
         op_sac=reference_trial(_record(op_sac), metric),
         op_sac_results=op_sac_runs,
+        no_offload=reference_trial(_record(no_offload), metric),
+        no_offload_results=no_offload_runs,
+        host_limit_bytes=search.host_limit_bytes,
         trials=len(searcher.study.get_trials(deepcopy=False)),
     )
     reference = pin.reference()
@@ -309,74 +253,14 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     return pin
 
 
-def no_feasible_error(
-    searcher: PinSteps, *, after_reverify: bool = False
-) -> NoFeasibleConfigError:
-    """Exit 3's one line: the smallest peak seen and the configuration that gave it."""
-    search = searcher.search
-    trials = searcher.study.get_trials(deepcopy=False)
-    smallest = smallest_peak(trials, search.mem_metric)
-    limit = format_bytes(search.max_mem_bytes)
-    if smallest is None:  # nothing measured, but some trial ran out of memory
-        return NoFeasibleConfigError(
-            f"no configuration ran under {limit}: every trial ran out of memory or failed "
-            f"(see the logs under {searcher.runs_dir}); raise --max-mem, or use a device "
-            "with more memory"
-        )
-    peak, spec, phase = smallest
-    what = "re-verified" if after_reverify else "measured"
-    # a trial with wrong numerics does not count whatever the margin
-    smallest_ok = smallest_peak(
-        (t for t in trials if record_of(t).outcome is TrialOutcome.OK), search.mem_metric
-    )
-    hint = margin_advice(smallest_ok[0], search) if smallest_ok and not after_reverify else ""
-    advice = [a for a in (phase_advice(phase), hint) if a]
-    return NoFeasibleConfigError(
-        f"no {what} configuration fits under {limit} ({search.mem_metric}) with the "
-        f"{format_percent(search.margin)} margin; the smallest peak seen is "
-        f"{format_bytes(peak)} from "
-        f"{spec.describe()}"
-        + "".join(f"; {a}" for a in advice)
-        + "; raise --max-mem or run more --trials"
-    )
-
-
-def nothing_measured_error(searcher: PinSteps) -> NothingMeasuredError | None:
-    """Exit 4's one line, when no finished trial of the study says whether its configuration
-    fits (every one crashed, timed out or had a non-finite loss): it names the first one's
-    error and log. None when some trial was measured or ran out of memory (then exit 3)."""
-    finished = [
-        (trial.number, record, outcome)
-        for trial in searcher.study.get_trials(deepcopy=False)
-        if (outcome := (record := record_of(trial)).outcome) is not None
-    ]
-    if any(outcome.tells_fit() for _, _, outcome in finished):
+def fastest_without_offload(
+    trials: Sequence[optuna.trial.FrozenTrial], candidates: Sequence[Candidate]
+) -> tuple[optuna.trial.FrozenTrial, TrialRecord] | None:
+    """The fastest fitting trial that does not offload (what an offloading pin is compared
+    with), or None when every fitting trial offloads."""
+    fitting = [c for c in candidates if not c.spec.offload_every]
+    if not fitting:
         return None
-    name = searcher.search.study_name
-    if not finished:
-        return NothingMeasuredError(
-            f"study {name!r} has no finished trial to pin; run `budgettune search` with "
-            "--trials N to measure some"
-        )
-    counts = Counter(outcome.value for _, _, outcome in finished)
-    number, first, outcome = min(finished, key=lambda item: item[0])
-    return NothingMeasuredError(
-        f"no trial could be measured: {len(finished)} ended "
-        + ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
-        + f"; the first, trial {number}, ended {outcome.value}: "
-        f"{first.error or 'no error recorded'} "
-        f"(log: {first.log_path or searcher.runs_dir}); fix what it says "
-        "and run the search again (a larger --max-mem will not help)"
-    )
-
-
-def margin_advice(peak_bytes: int, search: SearchSpec) -> str:
-    """Said when the smallest peak is under the limit itself and only the margin keeps it out
-    (a limit set at 1.02 x a measured peak, searched with the default 3 % margin)."""
-    if search.margin <= 0 or peak_bytes > search.max_mem_bytes:
-        return ""
-    return (
-        f"a configuration measured at {format_bytes(peak_bytes)} is under the limit itself, "
-        f"only the {format_percent(search.margin)} margin keeps it out: a lower --margin lets "
-        "it count (the pin's worst fresh run must still fit the limit)"
-    )
+    best = min(fitting, key=lambda c: c.step_time_ms)
+    trial = trials[best.trial_number]
+    return trial, record_of(trial)

@@ -31,9 +31,7 @@ from budgettune.errors import (
     UsageError,
     WorkloadFailedError,
 )
-from budgettune.pinning import (
-    margin_violation_bytes,
-)
+from budgettune.pinning import measured_violation_bytes
 from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
@@ -191,10 +189,12 @@ class Searcher:
             trial.set_user_attr(key, attr)
         limit = self.search.max_mem_bytes
         if result.measurement is not None:
-            violation = margin_violation_bytes(
-                result.measurement.peak_bytes(self.search.mem_metric),
+            violation = measured_violation_bytes(
+                result.measurement,
                 limit_bytes=limit,
+                mem_metric=self.search.mem_metric,
                 margin=self.search.margin,
+                host_limit_bytes=self.search.host_limit_bytes,
             )
             if result.outcome is TrialOutcome.NUMERICS_MISMATCH:
                 violation = max(violation, 0.0) + 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.search.space import SearchSpace
-from budgettune.trial.spec import TrialSpec
+from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEVICE_PATTERN,
@@ -33,6 +34,9 @@ MAX_LIMIT_BYTES = 2**63 - 1
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """The longest trial or collective timeout accepted: a week is past any trial, and far
 longer values overflow the waits that take them."""
+HOST_SHARE = 0.5
+"""The default ``--max-host-mem``: this share of the host's physical memory, for the host
+memory a trial's offloaded activations hold (all its ranks together)."""
 MAX_SEED = 2**32 - 1
 """The largest sampler seed (the TPE sampler seeds numpy, which takes 32 bits)."""
 STUDY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
@@ -82,6 +86,9 @@ class SearchSpec:
     """Ranks per trial: above 1 each trial is a sharded (FSDP2) job under torchrun."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Process-group timeout of each rank of a sharded trial."""
+    max_host_mem_bytes: int | None = None
+    """Host memory a trial's offloaded activations may hold (all its ranks together); None
+    becomes `HOST_SHARE` of this host's memory when the spec is made."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
@@ -133,6 +140,12 @@ class SearchSpec:
         except SpecError as exc:
             raise UsageError(str(exc)) from None
         self._check_estimators()
+        host = self.max_host_mem_bytes
+        if host is None:
+            host = default_host_limit()
+            object.__setattr__(self, "max_host_mem_bytes", host)
+        if not _is_int(host) or not MIN_LIMIT_BYTES <= host <= MAX_LIMIT_BYTES:
+            raise UsageError(f"--max-host-mem must be a size of at least 1 MiB, got {host!r}")
         object.__setattr__(self, "workload_options", dict(self.workload_options))
 
     def _check_estimators(self) -> None:
@@ -144,6 +157,17 @@ class SearchSpec:
                 "runtime_estimator 'profile' needs CUDA; on --device cpu search 'flops' only "
                 "(drop profile from --estimators or --fix runtime_estimator=flops)"
             )
+
+    @property
+    def host_limit_bytes(self) -> int:
+        """``max_host_mem_bytes``, resolved (never None once the spec is made)."""
+        assert self.max_host_mem_bytes is not None
+        return self.max_host_mem_bytes
+
+    @property
+    def offload_searched(self) -> bool:
+        """Whether some trial of the search may offload (the host limit matters)."""
+        return any(self.space.values_of(KNOB_BY_NAME["offload_every"]))
 
     @property
     def is_sharded(self) -> bool:
@@ -206,6 +230,20 @@ SEARCH_DEFAULTS: Mapping[str, Any] = {
     if f.default is not dataclasses.MISSING
 }
 """Each `SearchSpec` field's default, as declared above (the CLI and study files read them)."""
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory (0 where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def default_host_limit() -> int:
+    """`HOST_SHARE` of this host's memory (1 TiB where the system does not say)."""
+    total = host_memory_bytes()
+    return int(total * HOST_SHARE) if total > 0 else 2**40
 
 
 def check_study_name(name: object, *, what: str = "--study") -> None:

@@ -149,6 +149,11 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
     max_mem = parse_bytes(
         values["max_mem"], what="--max-mem", min_bytes=MIN_LIMIT_BYTES, max_bytes=MAX_LIMIT_BYTES
     )
+    host_mem = values.get("max_host_mem")
+    if host_mem is not None:
+        host_mem = parse_bytes(
+            host_mem, what="--max-host-mem", min_bytes=MIN_LIMIT_BYTES, max_bytes=MAX_LIMIT_BYTES
+        )
     options = dict(values.get("workload_options") or {})
     passed = {key: values[key] for key in _PASSED if values.get(key) is not None}
 
@@ -183,6 +188,7 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
         workload_options=options,
         device=device,
         max_mem_bytes=max_mem,
+        max_host_mem_bytes=host_mem,
         space=space,
         base=base,
         **passed,

@@ -67,8 +67,9 @@ def _key(text: str, allowed: str | None = None) -> Any:
 
 
 class StudyTable(BaseModel):
-    """The top level of a study file: `SearchSpec`'s field names (``max_mem`` is the size with
-    its unit that becomes ``max_mem_bytes``)."""
+    """The top level of a study file: `SearchSpec`'s field names (``max_mem`` and
+    ``max_host_mem`` are sizes with their unit that become ``max_mem_bytes`` and
+    ``max_host_mem_bytes``)."""
 
     model_config = _STRICT
 
@@ -82,6 +83,11 @@ class StudyTable(BaseModel):
     )
     max_mem: str | int | float | None = _key(
         "memory limit, e.g. 20GB", 'a size like "20GB" or "18.5GiB"'
+    )
+    max_host_mem: str | int | float | None = _key(
+        "host memory a trial's offloaded activations may hold (all its ranks), e.g. 64GB; "
+        "default half of the host's memory",
+        'a size like "64GB"',
     )
     mem_metric: Metric | None = _key("device, reserved or allocated")
     num_trials: Count | None = _key("trials per invocation")
