@@ -145,9 +145,7 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
 
 def _offload_rows(table: Table, pin: PinDocument) -> None:
     measured = pin.measured
-    limit = (
-        "" if pin.host_limit_bytes is None else f" (limit {format_bytes(pin.host_limit_bytes)})"
-    )
+    limit = "" if pin.host_limit_bytes is None else f"; limit {format_bytes(pin.host_limit_bytes)}"
     table.add_row(
         "offloaded", offload_line(measured.offload_bytes, measured.host_peak_worst_bytes) + limit
     )

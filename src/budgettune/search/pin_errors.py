@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
-from budgettune.pinning import phase_advice
+from budgettune.pinning import fits_limit, phase_advice
 from budgettune.search.pin_steps import PinSteps
 from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import record_of, smallest_peak
@@ -29,6 +29,9 @@ def no_feasible_error(
             "with more memory"
         )
     peak, spec, phase = smallest
+    host_error = _host_limit_error(searcher)
+    if host_error is not None and not after_reverify:
+        return host_error
     what = "re-verified" if after_reverify else "measured"
     # a trial with wrong numerics does not count whatever the margin
     smallest_ok = smallest_peak(
@@ -43,6 +46,32 @@ def no_feasible_error(
         f"{spec.describe()}"
         + "".join(f"; {a}" for a in advice)
         + "; raise --max-mem or run more --trials"
+    )
+
+
+def _host_limit_error(searcher: PinSteps) -> NoFeasibleConfigError | None:
+    """Exit 3's line when trials fit the device limit but their offload held more host memory
+    than ``--max-host-mem`` (None when no trial was kept out by the host limit alone)."""
+    search = searcher.search
+    held = []
+    for trial in searcher.study.get_trials(deepcopy=False):
+        record = record_of(trial)
+        peak = record.peak_bytes(search.mem_metric)
+        host = record.host_peak_bytes or 0
+        if (
+            record.outcome is TrialOutcome.OK
+            and peak is not None
+            and host > search.host_limit_bytes
+        ):
+            if fits_limit(peak, limit_bytes=search.max_mem_bytes, margin=search.margin):
+                held.append(host)
+    if not held:
+        return None
+    return NoFeasibleConfigError(
+        f"{len(held)} measured configuration(s) fit under {format_bytes(search.max_mem_bytes)} "
+        f"but their offload held more host memory than --max-host-mem "
+        f"{format_bytes(search.host_limit_bytes)} (the least: {format_bytes(min(held))}); "
+        "raise --max-host-mem, offload fewer blocks, or raise --max-mem"
     )
 
 

@@ -174,11 +174,17 @@ def baseline_specs(search: SearchSpec) -> list[tuple[str, TrialSpec]]:
     return specs
 
 
+_SET_BY_BASELINES = ("activation_memory_budget", "block_ac_every", "block_ac_policy")
+"""The knobs the baselines set themselves (a value fixed for the search does not apply)."""
+
+
 def as_given(search: SearchSpec) -> TrialSpec:
-    """Compile at budget 1.0, no block AC, the optimizer and allocator as the user gave them
-    (the unconstrained baseline; the other baselines change one thing of it)."""
+    """Compile at budget 1.0, no block AC, the optimizer and allocator as the user gave them,
+    every other knob the search fixes (offload, ...) at its fixed value (the unconstrained
+    baseline; the other baselines change one thing of it)."""
     fixed = search.space.fixed
-    return search.base.replace(
+    held = {k: v for k, v in fixed.items() if k not in _SET_BY_BASELINES}
+    return search.base.replace(**held).replace(
         activation_memory_budget=1.0,
         compile_mode=fixed.get("compile_mode", "default"),
         compile_backend=fixed.get("compile_backend", search.space.compile_backend),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.blocks import find_blocks
 from budgettune.errors import SpecError
-from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.block_ac import apply_block_ac, is_checkpointed
 from budgettune.trial.block_compile import compile_forwards
 from budgettune.trial.environment import prepare_process_environment  # noqa: F401 - re-exported
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
@@ -253,11 +253,16 @@ def apply_offload(
     the compiled call, where a whole-model compile would trace them; the rest of the model runs
     eager. None when the knob is off.
 
+    Eager, a block under block AC is left alone: checkpoint's own saved-tensor hooks hold its
+    activations, out of reach of any outer hooks (compiled, the block's compiled function saves
+    through the outer hooks, and what the AC policy keeps is offloaded).
+
     On CPU the "host" is the same memory: the path runs (tests) but saves nothing.
     """
     if not spec.offload_every:
         return None
     compile_forwards(blocks, spec)
     offload = ActivationOffload(device_types=(device_type,))
-    apply_block_offload(blocks, spec.offload_every, offload)
+    skip = (lambda block: False) if spec.is_compiled else is_checkpointed
+    apply_block_offload(blocks, spec.offload_every, offload, skip=skip)
     return offload

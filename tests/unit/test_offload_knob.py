@@ -1,0 +1,191 @@
+"""Issue 33's offload knob on CPU: the spec, the search space and study keys, the step and the
+job that apply it (blocks compiled one by one, the hooks around them, nothing else changed),
+the host limit in the search's notion of "fits", and what the pin and `show` say of it.
+
+On CPU the "host" is the same memory, so nothing is saved: these tests prove the wiring and
+the bookkeeping; the GPU figures are in ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from storage_samples import ok_result
+from torch import nn
+
+from budgettune.errors import SpecError, UsageError
+from budgettune.pinning import Candidate, PinDocument, choose_pin, measured_violation_bytes
+from budgettune.pinning.choose import PinScope, ReferenceTrial, build_pin
+from budgettune.present.tables import pin_table, result_table
+from budgettune.search.study import study_attrs
+from budgettune.search.study_file import build_search_spec
+from budgettune.trial.offload import ActivationOffload, is_offloaded
+from budgettune.trial.recompute import apply_to_model, prepare
+from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
+from budgettune.workloads.tiny_gpt import build as tiny_gpt
+
+EAGER = TrialSpec(compile_mode="eager")
+COMPILED = TrialSpec(compile_backend="aot_eager_decomp_partition")
+
+
+def test_the_knob_round_trips_renders_and_refuses_a_negative_stride() -> None:
+    spec = COMPILED.replace(offload_every=2, block_ac_every=4)
+    assert TrialSpec.from_json_dict(json.loads(json.dumps(spec.to_json_dict()))) == spec
+    assert "offload every 2" in spec.describe() and "offload" not in COMPILED.describe()
+    with pytest.raises(SpecError, match="offload_every must be a non-negative integer"):
+        TrialSpec(offload_every=-1)
+    knob = KNOB_BY_NAME["offload_every"]
+    assert knob.applied_by == "offload" and knob.space_default == (0,)
+    assert knob.flag == "--offload-every" and knob.plural_flag == "--offload-every"
+
+
+def test_the_space_and_the_host_limit_of_a_search() -> None:
+    plain = build_search_spec({"max_mem": "1GB"}, default_device="cpu")
+    assert not plain.offload_searched and "max_host_mem_bytes" not in study_attrs(plain)
+    assert plain.host_limit_bytes > 0  # half the host's memory by default
+    searched = build_search_spec(
+        {"max_mem": "1GB", "max_host_mem": "3GB", "space": {"offload_every": [0, 2]}},
+        default_device="cpu",
+    )
+    assert searched.offload_searched and searched.space.offload_every == (0, 2)
+    assert study_attrs(searched)["max_host_mem_bytes"] == 3_000_000_000
+    fixed = build_search_spec(
+        {"max_mem": "1GB", "fix": {"offload_every": 1}}, default_device="cpu"
+    )
+    assert fixed.offload_searched
+    with pytest.raises(UsageError, match="--max-host-mem"):
+        build_search_spec({"max_mem": "1GB", "max_host_mem": "12"}, default_device="cpu")
+
+
+def _workload():
+    torch.manual_seed(0)
+    return tiny_gpt(torch.device("cpu"), n_layers=4, batch_size=2, seq_len=128)
+
+
+def _first_step(spec: TrialSpec):
+    step = prepare(_workload(), spec, torch.device("cpu"))
+    loss = step.forward_loss()
+    step.backward(loss)
+    grads = [p.grad.clone() for p in step.model.parameters() if p.grad is not None]
+    return step, loss.item(), grads
+
+
+@pytest.mark.parametrize("base", [EAGER, COMPILED], ids=["eager", "compiled"])
+def test_the_step_offloads_every_kth_block_and_computes_the_same(base: TrialSpec) -> None:
+    torch._dynamo.reset()
+    _, plain_loss, plain_grads = _first_step(base)
+    step, loss, grads = _first_step(base.replace(offload_every=2))
+    blocks = list(step.model.layers)  # type: ignore[arg-type]
+    assert [is_offloaded(b) for b in blocks] == [False, True, False, True]
+    assert step.offload is not None and step.offload.device_types == ("cpu",)
+    ledger = step.offload.ledger
+    assert ledger.moved_bytes > 1 << 20 and ledger.held_bytes == 0  # all back after backward
+    assert step.compiled is step.model  # compiled: block by block, not the whole model
+    assert loss == pytest.approx(plain_loss, rel=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, plain_grads, strict=True))
+    torch._dynamo.reset()
+
+
+def test_the_job_applies_it_in_the_trials_order_and_keeps_the_state_dict_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch._dynamo.reset()
+    entered = []
+    real_enter = ActivationOffload.__enter__
+
+    def enter(self: ActivationOffload) -> ActivationOffload:
+        entered.append(self)
+        return real_enter(self)
+
+    monkeypatch.setattr(ActivationOffload, "__enter__", enter)
+    model = _workload().model
+    keys = list(model.state_dict())
+    spec = COMPILED.replace(offload_every=1, block_ac_every=2, block_ac_policy="op")
+    wrapped = apply_to_model(model, spec)
+    assert list(wrapped.module.state_dict()) == keys  # type: ignore[operator]
+    tokens = torch.randint(0, 4096, (2, 64))
+    wrapped(tokens).float().square().mean().backward()
+    assert len(entered) == 4  # every block's forward, once
+    assert all(is_offloaded(b) for b in model.layers)  # type: ignore[union-attr]
+    torch._dynamo.reset()
+
+
+def test_a_model_without_blocks_is_refused_in_one_line() -> None:
+    with pytest.raises(SpecError, match="offload_every needs repeated blocks"):
+        apply_to_model(nn.Linear(4, 4), EAGER.replace(offload_every=1))
+
+
+def _measured(*, host: int, offload: int = 5_000_000, peak: int = 90) -> object:
+    result = ok_result()
+    assert result.measurement is not None
+    m = dataclasses.replace(
+        result.measurement,
+        peak_device_bytes=peak,
+        host_peak_bytes=host,
+        offload_bytes=offload,
+    )
+    return dataclasses.replace(result, measurement=m)
+
+
+def test_over_the_host_limit_does_not_fit_in_the_search_or_the_pin() -> None:
+    within, over = _measured(host=900), _measured(host=1_500)
+    assert within.measurement is not None and over.measurement is not None  # type: ignore[attr-defined]
+    fits = {"limit_bytes": 100, "mem_metric": "device", "margin": 0.0}
+    assert measured_violation_bytes(within.measurement, host_limit_bytes=1000, **fits) < 0  # type: ignore[attr-defined]
+    assert measured_violation_bytes(over.measurement, host_limit_bytes=1000, **fits) == 500  # type: ignore[attr-defined]
+    assert measured_violation_bytes(over.measurement, host_limit_bytes=None, **fits) < 0  # type: ignore[attr-defined]
+    spec = TrialSpec(offload_every=1)
+    fast = Candidate(trial_number=0, spec=spec, step_time_ms=10.0, peak_bytes=90)
+    slow = Candidate(trial_number=1, spec=spec, step_time_ms=20.0, peak_bytes=90)
+    chosen = choose_pin(
+        [fast, slow],
+        {0: [over], 1: [within]},
+        host_limit_bytes=1000,
+        **fits,  # type: ignore[list-item]
+    )
+    assert chosen is not None and chosen[0] is slow
+
+
+def test_the_pin_says_what_offload_moves_and_costs_against_the_best_without_it() -> None:
+    scope = PinScope(
+        study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cuda",
+        limit_bytes=10**9, mem_metric="device", margin=0.03, world_size=1,
+    )  # fmt: skip
+    spec = TrialSpec(offload_every=2)
+    run = _measured(host=3_000_000_000, offload=2_500_000_000, peak=80)
+    best = ReferenceTrial(
+        spec=TrialSpec(block_ac_every=1), peak_bytes=70, peak_device_bytes=70,
+        step_time_ms=50.0, peak_phase="backward",
+    )  # fmt: skip
+    pin = build_pin(
+        scope=scope,
+        candidate=Candidate(trial_number=3, spec=spec, step_time_ms=62.9, peak_bytes=80),
+        reverify_results=[run],  # type: ignore[list-item]
+        baseline=None,
+        trials=5,
+        no_offload=best,
+        no_offload_results=[],
+        host_limit_bytes=64 * 10**9,
+    )
+    data = pin.to_json_dict()
+    assert data["measured"]["offload_bytes"] == 2_500_000_000
+    assert data["measured"]["host_peak_worst_bytes"] == 3_000_000_000
+    assert data["host_limit_bytes"] == 64 * 10**9
+    assert data["no_offload"]["slowdown"] == pytest.approx(62.9 / 50.0 - 1)
+    assert PinDocument.from_json_dict(data) == pin
+    console = Console(width=300, record=True)
+    console.print(pin_table(pin))
+    text = console.export_text()
+    assert "2.50 GB (2.33 GiB) to host memory and back per step" in text
+    assert "host memory held 3.00 GB (2.79 GiB) at most; limit 64.00 GB" in text
+    assert "vs best without offload  +25.8%" in text
+    # a pin that does not offload keeps the document it always had
+    plain = dataclasses.replace(pin, spec=TrialSpec())
+    assert "no_offload" not in plain.to_json_dict()
+    console = Console(width=300, record=True)
+    console.print(result_table(run))  # type: ignore[arg-type]
+    assert "offloaded" in console.export_text()
