@@ -189,3 +189,65 @@ def test_the_pin_says_what_offload_moves_and_costs_against_the_best_without_it()
     console = Console(width=300, record=True)
     console.print(result_table(run))  # type: ignore[arg-type]
     assert "offloaded" in console.export_text()
+
+
+def test_op_offload_marks_what_op_saves_and_turns_the_partitioners_offload_on() -> None:
+    import torch._functorch.config as functorch_config
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from budgettune.trial.block_ac import _op_offload_policy, _torchtitan_op_policy
+    from budgettune.trial.partitioner import COMPILED_OFFLOAD_SETTINGS, functorch_settings
+
+    class Ctx:
+        is_recompute = False
+
+    x = torch.randn(4, 4)
+    for func in (torch.ops.aten.mm.default, torch.ops.aten.add.Tensor):
+        kept = _torchtitan_op_policy()(Ctx(), func, x, x)
+        moved = _op_offload_policy()(Ctx(), func, x, x)
+        expected = (
+            CheckpointPolicy.MUST_CPU_OFFLOAD if kept == CheckpointPolicy.MUST_SAVE else kept
+        )
+        assert moved == expected
+    assert _op_offload_policy()(Ctx(), torch.ops.aten.mm.default, x, x) == (
+        CheckpointPolicy.MUST_CPU_OFFLOAD
+    )
+    spec = COMPILED.replace(block_ac_every=2, block_ac_policy="op_offload")
+    on = functorch_settings(spec, functorch_config)
+    assert all(on[name] is True for name in COMPILED_OFFLOAD_SETTINGS)
+    off = functorch_settings(spec.replace(block_ac_policy="op"), functorch_config)
+    assert not set(COMPILED_OFFLOAD_SETTINGS) & set(off)
+    assert spec.partition_variant() != spec.replace(block_ac_policy="op").partition_variant()
+
+
+def test_op_offload_is_refused_eager_and_where_torch_lacks_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import budgettune.trial.partitioner as partitioner
+
+    with pytest.raises(SpecError, match="needs torch.compile"):
+        EAGER.replace(block_ac_every=1, block_ac_policy="op_offload")
+    with pytest.raises(UsageError, match="op_offload needs torch.compile"):
+        build_search_spec(
+            {"max_mem": "1GB", "space": {"compile_modes": ["eager", "default"],
+                                         "block_ac_policies": ["op_offload"]}},
+            default_device="cpu",
+        )  # fmt: skip
+    spec = COMPILED.replace(block_ac_every=1, block_ac_policy="op_offload")
+    partitioner.check_spec_supported(spec, "cpu")  # torch 2.13 here has it
+    monkeypatch.setattr(
+        partitioner, "COMPILED_OFFLOAD_SETTINGS", ("enable_activation_offloading_gone",)
+    )
+    with pytest.raises(SpecError, match="has no compiled activation offloading"):
+        partitioner.check_spec_supported(spec, "cpu")
+
+
+def test_a_compiled_step_with_op_offload_computes_what_op_computes() -> None:
+    torch._dynamo.reset()
+    _, op_loss, op_grads = _first_step(COMPILED.replace(block_ac_every=1, block_ac_policy="op"))
+    torch._dynamo.reset()
+    spec = COMPILED.replace(block_ac_every=1, block_ac_policy="op_offload")
+    _, loss, grads = _first_step(spec)
+    assert loss == pytest.approx(op_loss, rel=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, op_grads, strict=True))
+    torch._dynamo.reset()

@@ -140,6 +140,7 @@ class SearchSpec:
         except SpecError as exc:
             raise UsageError(str(exc)) from None
         self._check_estimators()
+        self._check_compiled_offload()
         host = self.max_host_mem_bytes
         if host is None:
             host = default_host_limit()
@@ -147,6 +148,16 @@ class SearchSpec:
         if not _is_int(host) or not MIN_LIMIT_BYTES <= host <= MAX_LIMIT_BYTES:
             raise UsageError(f"--max-host-mem must be a size of at least 1 MiB, got {host!r}")
         object.__setattr__(self, "workload_options", dict(self.workload_options))
+
+    def _check_compiled_offload(self) -> None:
+        """``op_offload`` needs compile: a space that could pair it with eager is refused."""
+        modes = self.space.values_of(KNOB_BY_NAME["compile_mode"])
+        policies = self.space.values_of(KNOB_BY_NAME["block_ac_policy"])
+        if "eager" in modes and "op_offload" in policies:
+            raise UsageError(
+                "block_ac_policy op_offload needs torch.compile: drop eager from the compile "
+                "modes or op_offload from the block AC policies"
+            )
 
     def _check_estimators(self) -> None:
         """``runtime_estimator="profile"`` needs CUDA: refused before any trial."""

@@ -1,6 +1,7 @@
 """Classic per-block activation checkpointing: full, or torchtitan's selective "op" policy
 (its ``SelectiveAC`` at `TORCHTITAN_COMMIT`; which figures were measured with the older one:
-benchmarks/results/README.md#op-policy-version).
+benchmarks/results/README.md#op-policy-version), or "op_offload": what the op policy saves is
+marked for the partitioner's activation offloading instead (compiled only).
 
 The block's instance ``forward`` is wrapped in non-reentrant `torch.utils.checkpoint`, so the
 module tree and state_dict keys do not change; torch is imported at call time.
@@ -109,11 +110,34 @@ def _torchtitan_op_policy() -> Callable[..., Any]:
     return policy
 
 
+def _op_offload_policy() -> Callable[..., Any]:
+    """The op policy with what it saves marked ``MUST_CPU_OFFLOAD``: the partitioner's
+    activation offloading (on when the spec's policy is ``op_offload``: `partitioner`) moves
+    those outputs to host memory in the compiled forward and back for the backward."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    inner = _torchtitan_op_policy()
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        decided = inner(ctx, func, *args, **kwargs)
+        if decided == CheckpointPolicy.MUST_SAVE:
+            return CheckpointPolicy.MUST_CPU_OFFLOAD
+        return decided
+
+    return policy
+
+
 def _op_policy_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     # A fresh counter per checkpointed call, like torchtitan (its `meta` dict per context).
     return create_selective_checkpoint_contexts(_torchtitan_op_policy())
+
+
+def _op_offload_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_op_offload_policy())
 
 
 def _full_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -139,6 +163,24 @@ def _op_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
     return checkpointed_forward
 
 
+def _op_offload_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(
+            inner, *args, use_reentrant=False, context_fn=_op_offload_context, **kwargs
+        )
+
+    return checkpointed_forward
+
+
+_WRAPS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "full": _full_checkpointed,
+    "op": _op_checkpointed,
+    "op_offload": _op_offload_checkpointed,
+}
+
+
 def apply_block_ac(blocks: Sequence[nn.Module], every: int, policy: str) -> int:
     """Wrap every ``every``-th block in non-reentrant `torch.utils.checkpoint`, in place.
 
@@ -150,7 +192,8 @@ def apply_block_ac(blocks: Sequence[nn.Module], every: int, policy: str) -> int:
     Args:
         blocks: the repeated blocks, in model order.
         every: 0 = off; k = wrap every k-th block.
-        policy: ``full`` (recompute the whole block) or ``op`` (torchtitan's selective policy).
+        policy: ``full`` (recompute the whole block), ``op`` (torchtitan's selective policy)
+            or ``op_offload`` (what ``op`` saves goes to host memory: compiled only).
 
     Returns:
         The number of blocks wrapped.
@@ -158,8 +201,8 @@ def apply_block_ac(blocks: Sequence[nn.Module], every: int, policy: str) -> int:
     Raises:
         SpecError: on an unknown policy or a block already wrapped.
     """
-    if policy not in ("full", "op"):
-        raise SpecError(f"unknown block_ac_policy {policy!r}; choose one of: full, op")
+    if policy not in _WRAPS:
+        raise SpecError(f"unknown block_ac_policy {policy!r}; choose one of: {', '.join(_WRAPS)}")
     if every < 0:
         raise SpecError(f"block_ac_every must be >= 0, got {every}")
     if every == 0:
@@ -170,8 +213,7 @@ def apply_block_ac(blocks: Sequence[nn.Module], every: int, policy: str) -> int:
             continue
         if getattr(block, _BLOCK_AC_MARK, False):
             raise SpecError(f"block {position - 1} ({type(block).__name__}) is already wrapped")
-        wrap = _op_checkpointed if policy == "op" else _full_checkpointed
-        block.forward = wrap(block.forward)  # type: ignore[method-assign]
+        block.forward = _WRAPS[policy](block.forward)  # type: ignore[method-assign]
         setattr(block, _BLOCK_AC_MARK, True)
         wrapped += 1
     return wrapped

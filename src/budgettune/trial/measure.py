@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from budgettune.errors import NonFiniteLossError
 from budgettune.trial.cpu_memory import profile_cpu_step
 from budgettune.trial.devices import process_used_bytes
+from budgettune.trial.partitioner import uses_compiled_offload
 from budgettune.trial.results import PHASES, Measurement
 
 if TYPE_CHECKING:
@@ -174,11 +175,16 @@ def live_tensor_bytes(device_type: str, *, model: Any, optimizer: Any, batch: An
     return sum(storages.values())
 
 
+def _offloads(step: PreparedStep) -> bool:
+    return step.offload is not None or uses_compiled_offload(step.spec)
+
+
 def start_host_window(step: PreparedStep) -> None:
     """Start the measured step's host figures (offload only)."""
-    if step.offload is None:
+    if not _offloads(step):
         return
-    step.offload.ledger.reset_peak()
+    if step.offload is not None:
+        step.offload.ledger.reset_peak()
     if step.device.type == "cuda":
         import torch
 
@@ -189,11 +195,12 @@ def start_host_window(step: PreparedStep) -> None:
 
 def host_window(step: PreparedStep) -> tuple[int, int]:
     """The measured step's host peak and bytes offloaded (see `Measurement.host_peak_bytes`);
-    (0, 0) without offload."""
-    if step.offload is None:
+    (0, 0) without offload. The compiled offload (``op_offload``) has no ledger: its host peak
+    is the pinned allocator's (CUDA), its bytes moved are not counted (0)."""
+    if not _offloads(step):
         return 0, 0
-    ledger = step.offload.ledger
-    peak = ledger.peak_bytes
+    ledger = step.offload.ledger if step.offload is not None else None
+    peak = ledger.peak_bytes if ledger is not None else 0
     if step.device.type == "cuda":
         import torch
 
@@ -201,7 +208,7 @@ def host_window(step: PreparedStep) -> tuple[int, int]:
         pinned = stats().get("allocated_bytes.peak") if callable(stats) else None
         if isinstance(pinned, int) and pinned > 0:
             peak = max(peak, pinned)
-    return peak, ledger.moved_bytes
+    return peak, ledger.moved_bytes if ledger is not None else 0
 
 
 # --------------------------------------------------------------------------- CPU

@@ -66,8 +66,9 @@ def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
         device_type: ``cpu`` or ``cuda``.
 
     Raises:
-        SpecError: profile estimator off CUDA, ilp solver without scipy, unknown ops, or a
-            partitioner that lacks a knob the spec sets.
+        SpecError: profile estimator off CUDA, ilp solver without scipy, unknown ops, a
+            partitioner that lacks a knob the spec sets, or ``op_offload`` eager or on a torch
+            without the partitioner's activation offloading.
     """
     import torch._functorch.config as functorch_config
     import torch._functorch.partitioners as partitioners
@@ -95,8 +96,29 @@ def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
                 "this torch's partitioner has no get_default_op_list, so the recomputable "
                 "op list cannot be changed; upgrade torch or leave the op lists empty"
             )
+    if uses_compiled_offload(spec):
+        _check_compiled_offload(spec, functorch_config)
     resolve_ops(spec.recompute_ops_removed)
     resolve_ops(spec.recompute_ops_added)
+
+
+def _check_compiled_offload(spec: TrialSpec, functorch_config: Any) -> None:
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if not spec.is_compiled:
+        raise SpecError(
+            "block_ac_policy 'op_offload' is the partitioner's activation offloading and needs "
+            "torch.compile; eager, use offload_every (saved-tensor hooks) or block_ac_policy op"
+        )
+    if not hasattr(functorch_config, COMPILED_OFFLOAD_SETTINGS[0]) or not hasattr(
+        CheckpointPolicy, "MUST_CPU_OFFLOAD"
+    ):
+        raise SpecError(
+            f"torch {torch.__version__} has no compiled activation offloading "
+            "(torch._functorch.config.enable_activation_offloading); use offload_every "
+            "(saved-tensor hooks, any torch) or upgrade torch"
+        )
 
 
 def _op_list_override(
@@ -133,15 +155,37 @@ def _op_list_override(
     return get_default_op_list
 
 
+COMPILED_OFFLOAD_SETTINGS = (
+    "enable_activation_offloading",
+    "activation_offload_separate_stream",
+    "activation_offload_sink_wait",
+    "activation_reload_prefetch",
+)
+"""The partitioner's offload settings turned on for ``block_ac_policy="op_offload"`` (the
+first is required, the others are used where this torch has them): the copies on their own
+stream, the forward's wait sunk to the last use, the backward's reload prefetched."""
+
+
+def uses_compiled_offload(spec: TrialSpec) -> bool:
+    """Whether the spec marks outputs for the partitioner's activation offloading."""
+    return bool(spec.block_ac_every) and spec.block_ac_policy == "op_offload"
+
+
 def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]:
     """The ``torch._functorch.config`` values of the spec's partitioner knobs: every one this
     torch has (a knob at its default that this torch lacks is left out; `check_spec_supported`
-    refuses one set to another value)."""
-    return {
+    refuses one set to another value), and the offload settings this torch has when the spec
+    uses the compiled offload."""
+    settings = {
         str(k.functorch_key): getattr(spec, k.name)
         for k in PARTITIONER_KNOBS
         if k.name in _ALWAYS_SET or hasattr(functorch_config, str(k.functorch_key))
     }
+    if uses_compiled_offload(spec):
+        settings |= {
+            name: True for name in COMPILED_OFFLOAD_SETTINGS if hasattr(functorch_config, name)
+        }
+    return settings
 
 
 @contextlib.contextmanager

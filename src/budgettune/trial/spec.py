@@ -148,9 +148,11 @@ class TrialSpec:
             f"AC every {s.block_ac_every} ({s.block_ac_policy})" if s.block_ac_every else None
         ),
     )
-    block_ac_policy: Literal["full", "op"] = knob(
+    block_ac_policy: Literal["full", "op", "op_offload"] = knob(
         "full",
-        help="full recomputes the whole block; op is torchtitan's selective op policy",
+        help="full recomputes the whole block; op is torchtitan's selective op policy; "
+        "op_offload moves what op saves to host memory (the partitioner's activation "
+        "offloading: compiled, on a torch that has it, e.g. 2.11 and later)",
         applied_by="block_ac",
         sampled="choice",
         plural="block_ac_policies",
@@ -220,6 +222,11 @@ class TrialSpec:
         for k in KNOBS:
             if k.value_type is not float and k.value_type is not tuple:
                 k.check(getattr(self, k.name))
+        if self.block_ac_every and self.block_ac_policy == "op_offload" and not self.is_compiled:
+            raise SpecError(
+                "block_ac_policy 'op_offload' is the partitioner's activation offloading and "
+                "needs torch.compile; eager, use offload_every (saved-tensor hooks) or op"
+            )
         if self.compile_backend != "inductor" and self.compile_mode not in ("default", "eager"):
             raise SpecError(f"compile_mode {self.compile_mode!r} needs compile_backend 'inductor'")
         if self.warmup_steps < 1:
@@ -250,6 +257,8 @@ class TrialSpec:
             and k.name not in _VARIANT_KEYED
             and getattr(self, k.name) != k.default
         )
+        if self.block_ac_every and self.block_ac_policy == "op_offload":
+            extra += "-ac_op_offload"  # the partitioner's offload settings are on
         return (
             f"{self.knapsack_solver}-{self.runtime_estimator}-{self.compile_backend}"
             f"-rm_{removed}-add_{added}{extra}"
