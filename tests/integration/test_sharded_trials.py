@@ -117,3 +117,22 @@ def test_sharded_search_pins_and_the_pin_reproduces_under_torchrun(tmp_path: Pat
         # activations dominate this workload, so the CPU peak is as stable as on a GPU
         assert abs(row["relative_error"]) <= 0.02, row
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+
+
+def test_a_sharded_trial_offloads_on_every_rank(tmp_path: Path) -> None:
+    """Issue 33: offload per rank under FSDP2 (compiled blocks, the hooks around each): every
+    rank moves its activations, the host figure adds the ranks up (they share the host)."""
+    run = TrialRun(
+        spec=TrialSpec(
+            compile_backend="aot_eager_decomp_partition", offload_every=1, timed_steps=1
+        ),
+        workload=f"{FIXTURE}:build",
+        workload_options={"rows": 16384},  # 16384 x 32 fp32: 2 MiB per saved activation
+        nproc_per_node=2,
+        collective_timeout_s=60,
+    )
+    result = launch_trial(run, run_dir=tmp_path, timeout_s=300)
+    assert result.outcome is TrialOutcome.OK, result.error
+    m = result.measurement
+    assert m is not None and m.offload_bytes >= 2 * 2**20
+    assert m.host_peak_bytes >= 2 * m.offload_bytes  # both ranks held theirs at once

@@ -150,7 +150,7 @@ def test_over_the_host_limit_does_not_fit_in_the_search_or_the_pin() -> None:
     assert chosen is not None and chosen[0] is slow
 
 
-def test_the_pin_says_what_offload_moves_and_costs_against_the_best_without_it() -> None:
+def _offloading_pin() -> PinDocument:
     scope = PinScope(
         study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cuda",
         limit_bytes=10**9, mem_metric="device", margin=0.03, world_size=1,
@@ -161,7 +161,7 @@ def test_the_pin_says_what_offload_moves_and_costs_against_the_best_without_it()
         spec=TrialSpec(block_ac_every=1), peak_bytes=70, peak_device_bytes=70,
         step_time_ms=50.0, peak_phase="backward",
     )  # fmt: skip
-    pin = build_pin(
+    return build_pin(
         scope=scope,
         candidate=Candidate(trial_number=3, spec=spec, step_time_ms=62.9, peak_bytes=80),
         reverify_results=[run],  # type: ignore[list-item]
@@ -171,6 +171,11 @@ def test_the_pin_says_what_offload_moves_and_costs_against_the_best_without_it()
         no_offload_results=[],
         host_limit_bytes=64 * 10**9,
     )
+
+
+def test_the_pin_says_what_offload_moves_and_costs_against_the_best_without_it() -> None:
+    pin = _offloading_pin()
+    run = _measured(host=3_000_000_000, offload=2_500_000_000, peak=80)
     data = pin.to_json_dict()
     assert data["measured"]["offload_bytes"] == 2_500_000_000
     assert data["measured"]["host_peak_worst_bytes"] == 3_000_000_000
@@ -251,3 +256,14 @@ def test_a_compiled_step_with_op_offload_computes_what_op_computes() -> None:
     assert loss == pytest.approx(op_loss, rel=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, op_grads, strict=True))
     torch._dynamo.reset()
+
+
+def test_the_dashboards_note_says_it_too() -> None:
+    from budgettune.present.dashboard_views import study_note
+
+    note = study_note(
+        study_name="s", search={"max_mem_bytes": 10**9}, points=[], num_failed=0,
+        pin=_offloading_pin(),
+    )  # fmt: skip
+    assert "| offloaded per step | 2.50 GB (2.33 GiB) to host memory and back |" in note
+    assert "| slowdown vs best without offload | +25.8% (50.00 ms" in note

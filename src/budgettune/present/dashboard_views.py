@@ -301,6 +301,7 @@ def study_note(
             f"| slowdown vs unconstrained | {slowdown} |",
             *vs_full_ac,
             *_sharded_rows(pin),
+            *_offload_rows(pin),
             "",
         ]
         advice = pin.advice
@@ -321,6 +322,27 @@ def study_note(
         "memory × time plot is on the study's main page._"
     )
     return "\n".join(lines) + "\n"
+
+
+def _offload_rows(pin: PinDocument) -> list[str]:
+    """A pin that offloads: what a step moves, the host memory held, the best without offload."""
+    if not pin.spec.offload_every:
+        return []
+    measured, best = pin.measured, pin.no_offload
+    rows = [
+        f"| offloaded per step | {format_bytes(measured.offload_bytes)} to host memory and back |",
+        f"| host memory held | {format_bytes(measured.host_peak_worst_bytes)}"
+        + (f" (limit {format_bytes(pin.host_limit_bytes)})" if pin.host_limit_bytes else "")
+        + " |",
+    ]
+    if best is None:
+        return [*rows, "| slowdown vs best without offload | none fit in this study |"]
+    return [
+        *rows,
+        f"| slowdown vs best without offload | {best.slowdown * 100:+.1f}% "
+        f"({best.step_time_ms:.2f} ms, peak {format_bytes(best.peak_bytes)}: "
+        f"{markdown_text(best.spec.describe())}) |",
+    ]
 
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|&~])")
