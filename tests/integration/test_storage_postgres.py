@@ -91,6 +91,8 @@ def test_migration_from_empty_and_from_revision_0001(pg_url: str) -> None:
         connection.execute("DROP TABLE bt_pins")
         connection.execute("ALTER TABLE bt_measurements DROP COLUMN phase_peaks_json")
         connection.execute("ALTER TABLE bt_measurements DROP COLUMN cuda_version")
+        connection.execute("ALTER TABLE bt_measurements DROP COLUMN host_peak_bytes")  # 0003
+        connection.execute("ALTER TABLE bt_measurements DROP COLUMN offload_bytes")
         connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0001'")
     with pytest.raises(SchemaBehindError, match="budgettune db upgrade"):
         open_storage(pg_url)

@@ -124,3 +124,21 @@ def test_migrations_build_exactly_the_models(tmp_path: Path) -> None:
         )
         assert compare_metadata(context, Base.metadata) == []
     engine.dispose()
+
+
+def test_a_committed_revision_0002_study_upgrades_and_reads_without_host_figures(
+    tmp_path: Path,
+) -> None:
+    """Migration 0003 (issue 33's host figures) on a real study written before it."""
+    source = Path(__file__).parents[2] / "benchmarks/results/h100x2-hf-sharded-2026-11-26/hf.db"
+    db = tmp_path / "study.db"
+    shutil.copyfile(source, db)
+    with pytest.raises(SchemaBehindError, match="budgettune db upgrade"):
+        open_storage(str(db))
+    assert upgrade(str(db)) == ("0002", HEAD_REVISION)
+    with open_storage(str(db), create=False) as storage:
+        [name, *_] = storage.study_names()
+        runs = storage.measurements(name)
+        assert runs and all(r.host_peak_bytes is None for r in runs)
+        measured = [r.measurement() for r in runs if r.has_measurement]
+        assert measured and all(m.host_peak_bytes == 0 for m in measured if m is not None)

@@ -152,7 +152,7 @@ class TrialSpec:
         "full",
         help="full recomputes the whole block; op is torchtitan's selective op policy; "
         "op_offload moves what op saves to host memory (the partitioner's activation "
-        "offloading: compiled, on a torch that has it, e.g. 2.11 and later)",
+        "offloading, compiled only; found by feature: torch 2.11 and 2.13 have it)",
         applied_by="block_ac",
         sampled="choice",
         plural="block_ac_policies",
@@ -166,11 +166,14 @@ class TrialSpec:
         0,
         help="0 = off; k = every k-th repeated block's saved activations go to host memory in "
         "the forward and come back for the backward (side stream, pinned memory; compiled, "
-        "each block is compiled on its own with the hooks around it)",
+        "each block is compiled on its own with the hooks around it; any torch)",
         applied_by="offload",
         sampled="choice",
         plural="offload_every",
         space_default=(0,),  # searched when a study lists strides: --offload-every 0,1,2
+        # eager, checkpoint's own hooks hold a checkpointed block's activations: with every
+        # block under block AC there is nothing offload could move
+        relevant=lambda s: s.is_compiled or s.block_ac_every != 1,
         render=lambda s: f"offload every {s.offload_every}" if s.offload_every else None,
     )
     optimizer_impl: Literal["as_written", "foreach", "fused"] = knob(
