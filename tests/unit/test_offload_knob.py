@@ -267,3 +267,30 @@ def test_the_dashboards_note_says_it_too() -> None:
     )  # fmt: skip
     assert "| offloaded per step | 2.50 GB (2.33 GiB) to host memory and back |" in note
     assert "| slowdown vs best without offload | +25.8% (50.00 ms" in note
+
+
+def test_a_trainers_model_gets_the_offload_in_place(tmp_path) -> None:
+    """`pinned.compile(model, in_place=True)` (the transformers and Lightning callbacks): the
+    model stays the same object with the same keys, its blocks compiled one by one with the
+    hooks around them, its forward scoped but not compiled as a whole."""
+    from budgettune.pinning import load_pinned
+    from budgettune.pinning.document import SCHEMA_VERSION
+    from budgettune.trial.scoped_forward import scoped_forward_of
+
+    torch._dynamo.reset()
+    spec = COMPILED.replace(offload_every=2)
+    path = tmp_path / "pin.json"
+    document = {
+        "schema_version": SCHEMA_VERSION, "spec": spec.to_json_dict(),
+        "workload": "builtin:tiny-gpt", "limit_bytes": 10**9, "mem_metric": "device",
+    }  # fmt: skip
+    path.write_text(json.dumps(document))
+    model = _workload().model
+    keys = list(model.state_dict())
+    assert load_pinned(path, warn=False).compile(model, in_place=True) is model
+    assert list(model.state_dict()) == keys
+    assert [is_offloaded(b) for b in model.layers] == [False, True, False, True]  # type: ignore[union-attr]
+    model(torch.randint(0, 4096, (2, 64))).float().square().mean().backward()
+    state = scoped_forward_of(model)
+    assert state is not None and state.calls == 1
+    torch._dynamo.reset()
