@@ -294,3 +294,19 @@ def test_a_trainers_model_gets_the_offload_in_place(tmp_path) -> None:
     state = scoped_forward_of(model)
     assert state is not None and state.calls == 1
     torch._dynamo.reset()
+
+
+def test_a_compiled_offload_pin_says_its_bytes_are_not_counted() -> None:
+    spec = COMPILED.replace(block_ac_every=1, block_ac_policy="op_offload")
+    assert spec.offloads and spec.compiled_offload and not COMPILED.offloads
+    pin = dataclasses.replace(_offloading_pin(), spec=spec)
+    pin = dataclasses.replace(pin, measured=dataclasses.replace(pin.measured, offload_bytes=0))
+    assert "no_offload" in pin.to_json_dict()  # an offloading pin: compared without offload
+    console = Console(width=300, record=True)
+    console.print(pin_table(pin))
+    assert "not counted (the compiled offload) to host memory" in console.export_text()
+    searched = build_search_spec(
+        {"max_mem": "1GB", "space": {"block_ac_policies": ["full", "op_offload"]}},
+        default_device="cpu",
+    )
+    assert searched.offload_searched  # its host limit is part of the study's attrs

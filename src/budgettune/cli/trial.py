@@ -126,7 +126,7 @@ def trial(
     else:
         from budgettune.present.tables import result_table
 
-        stdout.print(result_table(result))
+        stdout.print(result_table(result, spec=spec))
     if not result.outcome.is_feasible():
         print_error(f"trial {result.outcome.value}: {result.error} (log: {result.log_path})")
         raise typer.Exit(1)

@@ -334,7 +334,7 @@ def build_pin(
         full_ac=reference_figures(full_ac, full_ac_results, pin_step_time_ms=pin_ms),
         op_sac=op_sac_doc,
         no_offload=reference_figures(no_offload, no_offload_results, pin_step_time_ms=pin_ms),
-        host_limit_bytes=host_limit_bytes if candidate.spec.offload_every else None,
+        host_limit_bytes=host_limit_bytes if candidate.spec.offloads else None,
         world_size=scope.world_size,
         sharding=SHARDING if scope.world_size > 1 else "none",
         fingerprint=PinFingerprint(

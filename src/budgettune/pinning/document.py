@@ -154,7 +154,7 @@ class PinDocument:
 
     def _offload_json(self) -> dict[str, Any]:
         """The offload keys, only in a pin that offloads (older documents stay as written)."""
-        if not self.spec.offload_every:
+        if not self.spec.offloads:
             return {}
         return {
             "no_offload": None if self.no_offload is None else self.no_offload.to_json_dict(),

@@ -19,6 +19,7 @@ import optuna
 import plotly.graph_objects as go
 
 from budgettune.pinning import PinDocument, phase_advice
+from budgettune.present.tables import moved_text
 from budgettune.storage.trials import is_feasible, record_of
 from budgettune.trial.results import TrialOutcome
 from budgettune.units import format_bytes, format_percent
@@ -326,11 +327,12 @@ def study_note(
 
 def _offload_rows(pin: PinDocument) -> list[str]:
     """A pin that offloads: what a step moves, the host memory held, the best without offload."""
-    if not pin.spec.offload_every:
+    if not pin.spec.offloads:
         return []
     measured, best = pin.measured, pin.no_offload
     rows = [
-        f"| offloaded per step | {format_bytes(measured.offload_bytes)} to host memory and back |",
+        f"| offloaded per step | {moved_text(measured.offload_bytes, pin.spec.compiled_offload)}"
+        " to host memory and back |",
         f"| host memory held | {format_bytes(measured.host_peak_worst_bytes)}"
         + (f" (limit {format_bytes(pin.host_limit_bytes)})" if pin.host_limit_bytes else "")
         + " |",

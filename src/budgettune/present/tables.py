@@ -6,11 +6,14 @@ from rich.table import Table
 
 from budgettune.pinning.document import PinDocument
 from budgettune.trial.results import Measurement, TrialResult
+from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes
 
 
-def result_table(result: TrialResult, *, title: str = "trial") -> Table:
-    """A readable summary of one trial."""
+def result_table(
+    result: TrialResult, *, title: str = "trial", spec: TrialSpec | None = None
+) -> Table:
+    """A readable summary of one trial (of ``spec``, when given: what it offloads)."""
     table = Table(title=f"{title}: {result.outcome.value}", show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
@@ -31,8 +34,12 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
         )
         table.add_row("compile", f"{m.compile_s:.1f} s")
         table.add_row("first-step loss", f"{m.loss:.6g} (grad norm {m.grad_norm:.6g})")
-        if m.offload_bytes or m.host_peak_bytes:
-            table.add_row("offloaded", offload_line(m.offload_bytes, m.host_peak_bytes))
+        if m.offload_bytes or m.host_peak_bytes or (spec is not None and spec.offloads):
+            compiled = spec is not None and spec.compiled_offload
+            table.add_row(
+                "offloaded",
+                offload_line(m.offload_bytes, m.host_peak_bytes, compiled_offload=compiled),
+            )
     if result.model_changes:
         table.add_row("model changed", ", ".join(result.model_changes))
     if result.world_size > 1:
@@ -47,10 +54,20 @@ def result_table(result: TrialResult, *, title: str = "trial") -> Table:
     return table
 
 
-def offload_line(offload_bytes: int, host_peak_bytes: int) -> str:
+def moved_text(offload_bytes: int, compiled_offload: bool) -> str:
+    """The bytes a step moved to host memory: the hooks count theirs, the partitioner's
+    compiled offload is not counted."""
+    if not compiled_offload:
+        return format_bytes(offload_bytes)
+    if offload_bytes:
+        return f"at least {format_bytes(offload_bytes)} (the compiled offload's not counted)"
+    return "not counted (the compiled offload)"
+
+
+def offload_line(offload_bytes: int, host_peak_bytes: int, *, compiled_offload: bool) -> str:
     """What offload moved in a step and held on the host."""
     return (
-        f"{format_bytes(offload_bytes)} to host memory and back per step, "
+        f"{moved_text(offload_bytes, compiled_offload)} to host memory and back per step, "
         f"host memory held {format_bytes(host_peak_bytes)} at most"
     )
 
@@ -120,7 +137,7 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
         table.add_row("vs op SAC", f"{op_sac.slowdown * 100:+.1f}%")
     if status not in ("ok", "over_limit", "missing"):
         table.add_row("baseline (budget 1.0)", f"cannot run: {status}")
-    if pin.spec.offload_every:
+    if pin.spec.offloads:
         _offload_rows(table, pin)
     if pin.world_size > 1:
         table.add_row("world size", f"{pin.world_size} ranks; {pin.sharding}")
@@ -147,7 +164,13 @@ def _offload_rows(table: Table, pin: PinDocument) -> None:
     measured = pin.measured
     limit = "" if pin.host_limit_bytes is None else f"; limit {format_bytes(pin.host_limit_bytes)}"
     table.add_row(
-        "offloaded", offload_line(measured.offload_bytes, measured.host_peak_worst_bytes) + limit
+        "offloaded",
+        offload_line(
+            measured.offload_bytes,
+            measured.host_peak_worst_bytes,
+            compiled_offload=pin.spec.compiled_offload,
+        )
+        + limit,
     )
     best = pin.no_offload
     if best is None:

@@ -209,9 +209,7 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     op_sac = baseline_trial(trials, OP_SAC)
     if op_sac is not None and op_sac[1].outcome is not TrialOutcome.OK:
         op_sac = None
-    no_offload = (
-        fastest_without_offload(trials, candidates) if candidate.spec.offload_every else None
-    )
+    no_offload = fastest_without_offload(trials, candidates) if candidate.spec.offloads else None
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
     baseline_runs, full_ac_runs, op_sac_runs, no_offload_runs = remeasure(
         searcher,
@@ -258,7 +256,7 @@ def fastest_without_offload(
 ) -> tuple[optuna.trial.FrozenTrial, TrialRecord] | None:
     """The fastest fitting trial that does not offload (what an offloading pin is compared
     with), or None when every fitting trial offloads."""
-    fitting = [c for c in candidates if not c.spec.offload_every]
+    fitting = [c for c in candidates if not c.spec.offloads]
     if not fitting:
         return None
     best = min(fitting, key=lambda c: c.step_time_ms)

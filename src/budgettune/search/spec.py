@@ -178,7 +178,10 @@ class SearchSpec:
     @property
     def offload_searched(self) -> bool:
         """Whether some trial of the search may offload (the host limit matters)."""
-        return any(self.space.values_of(KNOB_BY_NAME["offload_every"]))
+        policies = self.space.values_of(KNOB_BY_NAME["block_ac_policy"])
+        return any(self.space.values_of(KNOB_BY_NAME["offload_every"])) or (
+            "op_offload" in policies and any(self.space.values_of(KNOB_BY_NAME["block_ac_every"]))
+        )
 
     @property
     def is_sharded(self) -> bool:

@@ -168,7 +168,7 @@ stream, the forward's wait sunk to the last use, the backward's reload prefetche
 
 def uses_compiled_offload(spec: TrialSpec) -> bool:
     """Whether the spec marks outputs for the partitioner's activation offloading."""
-    return bool(spec.block_ac_every) and spec.block_ac_policy == "op_offload"
+    return spec.compiled_offload
 
 
 def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]:

@@ -225,7 +225,7 @@ class TrialSpec:
         for k in KNOBS:
             if k.value_type is not float and k.value_type is not tuple:
                 k.check(getattr(self, k.name))
-        if self.block_ac_every and self.block_ac_policy == "op_offload" and not self.is_compiled:
+        if self.compiled_offload and not self.is_compiled:
             raise SpecError(
                 "block_ac_policy 'op_offload' is the partitioner's activation offloading and "
                 "needs torch.compile; eager, use offload_every (saved-tensor hooks) or op"
@@ -242,6 +242,18 @@ class TrialSpec:
     def is_compiled(self) -> bool:
         """Whether the model goes through `torch.compile` (the partitioner knobs matter)."""
         return self.compile_mode != "eager"
+
+    @property
+    def compiled_offload(self) -> bool:
+        """Whether blocks are marked for the partitioner's activation offloading
+        (``block_ac_policy="op_offload"`` on checkpointed blocks)."""
+        return bool(self.block_ac_every) and self.block_ac_policy == "op_offload"
+
+    @property
+    def offloads(self) -> bool:
+        """Whether any saved activation goes to host memory: ``offload_every`` (hooks) or the
+        compiled offload (`compiled_offload`)."""
+        return bool(self.offload_every) or self.compiled_offload
 
     def partition_variant(self) -> str:
         """A stable name for everything the compile caches cannot see or do not key on.
@@ -260,7 +272,7 @@ class TrialSpec:
             and k.name not in _VARIANT_KEYED
             and getattr(self, k.name) != k.default
         )
-        if self.block_ac_every and self.block_ac_policy == "op_offload":
+        if self.compiled_offload:
             extra += "-ac_op_offload"  # the partitioner's offload settings are on
         return (
             f"{self.knapsack_solver}-{self.runtime_estimator}-{self.compile_backend}"
