@@ -7,9 +7,9 @@ activations to dominate.
 
 - ``none``: whole-model `torch.compile`, no checkpointing.
 - ``op``: block AC on every block with torchtitan's op policy (`trial.block_ac`), compiled.
-- ``op-offload-compiled``: the same policy with what it saves marked ``MUST_CPU_OFFLOAD``,
-  the partitioner's offloading on (``enable_activation_offloading``, separate stream, wait
-  sinking, reload prefetch), compiled.
+- ``op-offload-compiled``: budgettune's ``block_ac_policy="op_offload"``: the same policy, the
+  partitioner's offloading on (``enable_activation_offloading``, separate stream, wait
+  sinking, reload prefetch) and its marking pass (``joint_custom_pass``), compiled.
 - ``hooks-per-block``: each block compiled on its own, its call wrapped in
   ``save_on_cpu(pin_memory=True)`` (the hooks sit outside the compiled regions).
 - ``hooks-whole-compiled``: ``save_on_cpu(pin_memory=True)`` inside each block's forward,
@@ -35,22 +35,6 @@ from budgettune.trial.offload import compiled_offload_settings
 VARIANTS = ("none", "op", "op-offload-compiled", "hooks-per-block", "hooks-whole-compiled")
 
 
-def _offload_policy() -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    from budgettune.trial.block_ac import _torchtitan_op_policy
-
-    inner = _torchtitan_op_policy()
-
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        decided = inner(ctx, func, *args, **kwargs)
-        return (
-            CheckpointPolicy.MUST_CPU_OFFLOAD if decided == CheckpointPolicy.MUST_SAVE else decided
-        )
-
-    return create_selective_checkpoint_contexts(policy)
-
-
 def build(variant: str) -> tuple[torch.nn.Module, Any, Any]:
     from budgettune.trial.block_ac import apply_block_ac
     from budgettune.workloads.tiny_gpt import build as tiny_gpt
@@ -64,20 +48,18 @@ def build(variant: str) -> tuple[torch.nn.Module, Any, Any]:
     if variant == "op":
         apply_block_ac(blocks, 1, "op")
     elif variant == "op-offload-compiled":
-        from torch.utils.checkpoint import checkpoint
+        # budgettune's own op_offload: the op policy, the partitioner's offloading and the
+        # pass that marks what the policy saves (set globally: this process runs one variant)
+        import torch._functorch.config as cfg
 
-        cfg = torch._functorch.config
-        cfg.enable_activation_offloading = True
-        cfg.activation_offload_separate_stream = True
-        cfg.activation_offload_sink_wait = True
-        cfg.activation_reload_prefetch = True
-        for block in blocks:
-            inner = block.forward
+        from budgettune.trial.partitioner import functorch_settings
+        from budgettune.trial.spec import TrialSpec
 
-            def wrapped(*a: Any, _inner: Any = inner, **k: Any) -> Any:
-                return checkpoint(_inner, *a, use_reentrant=False, context_fn=_offload_policy, **k)
-
-            block.forward = wrapped  # type: ignore[method-assign]
+        apply_block_ac(blocks, 1, "op_offload")
+        spec = TrialSpec(block_ac_every=1, block_ac_policy="op_offload")
+        for key, value in functorch_settings(spec, cfg).items():
+            if key != "activation_memory_budget":
+                setattr(cfg, key, value)
     elif variant == "hooks-whole-compiled":
         for block in blocks:
             inner = block.forward

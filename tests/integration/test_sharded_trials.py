@@ -135,4 +135,6 @@ def test_a_sharded_trial_offloads_on_every_rank(tmp_path: Path) -> None:
     assert result.outcome is TrialOutcome.OK, result.error
     m = result.measurement
     assert m is not None and m.offload_bytes >= 2 * 2**20
-    assert m.host_peak_bytes >= 2 * m.offload_bytes  # both ranks held theirs at once
+    # the ranks' host peaks added up: each rank held what it moved (all of it, before its
+    # backward), so the sum is at least twice the largest rank's bytes moved when they agree
+    assert m.host_peak_bytes >= 2 * m.offload_bytes

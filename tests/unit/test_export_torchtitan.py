@@ -115,6 +115,10 @@ def test_what_torchtitan_cannot_express_is_refused_in_one_line(tmp_path: Path) -
         _config(block_ac_every=1, activation_memory_budget=0.5)
     with pytest.raises(PinnedConfigError, match="one block in 2"):
         _config(block_ac_every=2, block_ac_policy="op")
+    with pytest.raises(PinnedConfigError, match="offload of every 2 block"):  # issue 33
+        _config(offload_every=2)
+    with pytest.raises(PinnedConfigError, match="op_offload"):
+        _config(block_ac_every=1, block_ac_policy="op_offload")
     pin = write_pin(
         tmp_path / "both.json", _doc(TrialSpec(block_ac_every=1, activation_memory_budget=0.5))
     )

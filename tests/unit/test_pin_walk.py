@@ -38,6 +38,7 @@ class _Search:
     mem_metric: str = "device"
     margin: float = 0.03
     host_limit_bytes: int = 10**12
+    offload_searched: bool = False
 
 
 @dataclass

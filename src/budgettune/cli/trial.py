@@ -117,7 +117,10 @@ def trial(
         collective_timeout_s=collective_timeout,
     )
     check_device_available(run.device)
-    check_ops_exist(spec.recompute_ops_removed + spec.recompute_ops_added)
+    check_ops_exist(
+        spec.recompute_ops_removed + spec.recompute_ops_added,
+        compiled_offload=spec.compiled_offload,
+    )
     folder = run_dir or default_run_dir("trial")
     with stderr.status(f"measuring {workload} on {run.device} (log: {folder}/trial.log)"):
         result = launch_trial(run, run_dir=folder, timeout_s=timeout)

@@ -70,6 +70,16 @@ def _toml_value(value: Any) -> str:
 
 def _activation_checkpoint(pinned: PinnedConfig) -> dict[str, Any]:
     spec = pinned.spec
+    if spec.offloads:
+        what = (
+            f"offload of every {spec.offload_every} block's activations"
+            if spec.offload_every
+            else "the op policy with what it saves offloaded (op_offload)"
+        )
+        raise PinnedConfigError(
+            f"{pinned.path}: torchtitan's activation_checkpoint section cannot express {what}; "
+            "apply the pin with budgettune.load_pinned in the training script"
+        )
     budget = spec.activation_memory_budget if spec.is_compiled else 1.0
     every, policy = spec.block_ac_every, spec.block_ac_policy
     if every and budget < 1.0:

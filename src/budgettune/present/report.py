@@ -7,7 +7,7 @@ frozen rows for the CLI to render.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from budgettune.storage.trials import (
     record_of,
     unconstrained_baseline,
 )
-from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR
+from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, SPEC_ATTR
 from budgettune.trial.spec import TrialSpec
 
 
@@ -195,8 +195,13 @@ def _rows(
     return rows
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _host_limit(
+    attrs: Mapping[str, Any], trials: Sequence[optuna.trial.FrozenTrial]
+) -> int | None:
+    """The newest search's ``--max-host-mem``, for a study where some trial offloads."""
+    limit = (attrs.get(SPEC_ATTR) or {}).get("max_host_mem_bytes")
+    offloads = any((spec := record_of(t).spec) is not None and spec.offloads for t in trials)
+    return int(limit) if limit is not None and offloads else None
 
 
 def _as_dict(value: Any) -> dict[str, Any] | None:
@@ -257,5 +262,5 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         settled=describe_settlements(study.user_attrs.get(SETTLED_ATTR)),
         world_size=int(search.get("nproc_per_node", 1)),
         study_settings=TrialSpec.from_json_dict(search.get("base") or {}).describe_study(),
-        host_limit_bytes=_optional_int(search.get("max_host_mem_bytes")),
+        host_limit_bytes=_host_limit(study.user_attrs, trials),
     )

@@ -73,7 +73,12 @@ def reverify_until_one_fits(
                 f"none of the {len(tried)} fastest fitting trials held under "
                 f"{format_bytes(search.max_mem_bytes)} with the "
                 f"{format_percent(search.margin)} margin "
-                f"when re-measured; trying trial {batch[0].trial_number} "
+                + (
+                    "(and their host memory within --max-host-mem) "
+                    if search.offload_searched
+                    else ""
+                )
+                + f"when re-measured; trying trial {batch[0].trial_number} "
                 f"({index + 1}/{bound}, "
                 f"{batch[0].step_time_ms:.1f} ms, {format_bytes(batch[0].peak_bytes)})"
             )

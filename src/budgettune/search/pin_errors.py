@@ -39,6 +39,11 @@ def no_feasible_error(
     )
     hint = margin_advice(smallest_ok[0], search) if smallest_ok and not after_reverify else ""
     advice = [a for a in (phase_advice(phase), hint) if a]
+    if after_reverify and search.offload_searched:
+        advice.append(
+            "a configuration that offloads must also keep its host memory within "
+            f"--max-host-mem {format_bytes(search.host_limit_bytes)}"
+        )
     return NoFeasibleConfigError(
         f"no {what} configuration fits under {limit} ({search.mem_metric}) with the "
         f"{format_percent(search.margin)} margin; the smallest peak seen is "

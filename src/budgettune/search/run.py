@@ -46,7 +46,10 @@ def run_search(
         check_gpus(gpus)
         gpu_groups(gpus, search.nproc_per_node)
     check_device_available(search.device)
-    check_ops_exist(search.space.removable_ops + search.space.addable_ops)
+    check_ops_exist(
+        search.space.removable_ops + search.space.addable_ops,
+        compiled_offload=search.compiled_offload_searched,
+    )
     with creation_lock(search.storage_url):
         store = storage_mod.open_storage(
             search.storage_url, heartbeat_interval_s=HEARTBEAT_INTERVAL_S

@@ -176,12 +176,17 @@ class SearchSpec:
         return self.max_host_mem_bytes
 
     @property
+    def compiled_offload_searched(self) -> bool:
+        """Whether some trial may use the partitioner's offloading (``op_offload``)."""
+        policies = self.space.values_of(KNOB_BY_NAME["block_ac_policy"])
+        strides = self.space.values_of(KNOB_BY_NAME["block_ac_every"])
+        return "op_offload" in policies and any(strides)
+
+    @property
     def offload_searched(self) -> bool:
         """Whether some trial of the search may offload (the host limit matters)."""
-        policies = self.space.values_of(KNOB_BY_NAME["block_ac_policy"])
-        return any(self.space.values_of(KNOB_BY_NAME["offload_every"])) or (
-            "op_offload" in policies and any(self.space.values_of(KNOB_BY_NAME["block_ac_every"]))
-        )
+        hooks = any(self.space.values_of(KNOB_BY_NAME["offload_every"]))
+        return hooks or self.compiled_offload_searched
 
     @property
     def is_sharded(self) -> bool:

@@ -81,8 +81,8 @@ def study_attrs(search: SearchSpec) -> dict[str, Any]:
         "margin": search.margin,
         # a study of one rank per trial keeps the attrs it had before sharded trials existed
         **({"nproc_per_node": search.nproc_per_node} if search.is_sharded else {}),
-        # and one that never offloads, those it had before offload existed
-        **({"max_host_mem_bytes": search.host_limit_bytes} if search.offload_searched else {}),
+        # not the host limit: its default is a share of each host's memory, and the pin
+        # checks its re-measurements against the limit of the search that pins
     }
 
 

@@ -1,7 +1,8 @@
 """Classic per-block activation checkpointing: full, or torchtitan's selective "op" policy
 (its ``SelectiveAC`` at `TORCHTITAN_COMMIT`; which figures were measured with the older one:
-benchmarks/results/README.md#op-policy-version), or "op_offload": what the op policy saves is
-marked for the partitioner's activation offloading instead (compiled only).
+benchmarks/results/README.md#op-policy-version), or "op_offload": the op policy, and what it
+saves moved to host memory by the partitioner's activation offloading (compiled only: the
+marking is `partitioner.mark_saved_for_offload`).
 
 The block's instance ``forward`` is wrapped in non-reentrant `torch.utils.checkpoint`, so the
 module tree and state_dict keys do not change; torch is imported at call time.
@@ -110,34 +111,11 @@ def _torchtitan_op_policy() -> Callable[..., Any]:
     return policy
 
 
-def _op_offload_policy() -> Callable[..., Any]:
-    """The op policy with what it saves marked ``MUST_CPU_OFFLOAD``: the partitioner's
-    activation offloading (on when the spec's policy is ``op_offload``: `partitioner`) moves
-    those outputs to host memory in the compiled forward and back for the backward."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    inner = _torchtitan_op_policy()
-
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        decided = inner(ctx, func, *args, **kwargs)
-        if decided == CheckpointPolicy.MUST_SAVE:
-            return CheckpointPolicy.MUST_CPU_OFFLOAD
-        return decided
-
-    return policy
-
-
 def _op_policy_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     # A fresh counter per checkpointed call, like torchtitan (its `meta` dict per context).
     return create_selective_checkpoint_contexts(_torchtitan_op_policy())
-
-
-def _op_offload_context() -> Any:
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(_op_offload_policy())
 
 
 def _full_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,21 +141,10 @@ def _op_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
     return checkpointed_forward
 
 
-def _op_offload_checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
-    from torch.utils.checkpoint import checkpoint
-
-    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(
-            inner, *args, use_reentrant=False, context_fn=_op_offload_context, **kwargs
-        )
-
-    return checkpointed_forward
-
-
 _WRAPS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "full": _full_checkpointed,
     "op": _op_checkpointed,
-    "op_offload": _op_offload_checkpointed,
+    "op_offload": _op_checkpointed,  # the same policy; `partitioner` moves what it saves
 }
 
 

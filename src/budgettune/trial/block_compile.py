@@ -83,9 +83,10 @@ def _compile_kwargs(spec: TrialSpec) -> dict[str, Any]:
 
 
 def compile_forwards(blocks: Sequence[nn.Module], spec: TrialSpec) -> None:
-    """Compile each block's ``forward`` in place (``fullgraph=True``, the spec's backend and
-    mode): the block stays the same module, so its parent, the state_dict keys and any wrapper
-    of ``block.forward`` set afterwards stay outside the compiled region. ``eager``: nothing.
+    """Compile each block's ``forward`` in place (the spec's backend and mode; graph breaks
+    allowed, as in the whole-model compile it replaces): the block stays the same module, so
+    its parent, the state_dict keys and any wrapper of ``block.forward`` set afterwards stay
+    outside the compiled region. ``eager``: nothing.
 
     Call it after block AC (the checkpoint wrapper is compiled with the block).
     """
@@ -94,6 +95,6 @@ def compile_forwards(blocks: Sequence[nn.Module], spec: TrialSpec) -> None:
     if not spec.is_compiled:
         return
     allow_recompiles(len(blocks))
-    kwargs = _compile_kwargs(spec)
+    kwargs = {**_compile_kwargs(spec), "fullgraph": False}
     for block in blocks:
         block.forward = torch.compile(block.forward, **kwargs)  # type: ignore[method-assign]

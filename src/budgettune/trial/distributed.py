@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError
-from budgettune.trial.block_ac import apply_block_ac
+from budgettune.trial.block_ac import apply_block_ac, is_checkpointed
 from budgettune.trial.block_compile import compile_blocks
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
 from budgettune.trial.offload import ActivationOffload, apply_block_offload
@@ -155,7 +155,9 @@ def shard_model(
     offload = None
     if spec.offload_every:  # around the compiled blocks, per rank (each has its own ledger)
         offload = ActivationOffload(device_types=(mesh.device_type,))
-        apply_block_offload(placed, spec.offload_every, offload)
+        offload.keep(model.buffers())  # the parameters are gathered anew each step (Parameters)
+        skip = (lambda block: False) if spec.is_compiled else is_checkpointed
+        apply_block_offload(placed, spec.offload_every, offload, skip=skip)
     if parallelize is not None:
         model = parallelize(model, mesh) or model
     else:

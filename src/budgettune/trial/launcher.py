@@ -48,26 +48,36 @@ DEFAULT_TIMEOUT_S = 900.0
 _CHECK_OPS = """
 import json, sys
 from budgettune.errors import SpecError
+from budgettune.trial.partitioner import check_compiled_offload_available
 from budgettune.trial.recompute import resolve_ops
+ops = sys.argv[1:]
 try:
-    resolve_ops(sys.argv[1:])
+    if ops[:1] == ["--compiled-offload"]:
+        ops = ops[1:]
+        check_compiled_offload_available()
+    resolve_ops(ops)
 except SpecError as exc:
     print(json.dumps({"error": str(exc)}))
 """
 
 
-def check_ops_exist(ops: Sequence[str], *, timeout_s: float = 300.0) -> None:
-    """Fail before any trial when an op name does not exist in this torch.
+def check_ops_exist(
+    ops: Sequence[str], *, compiled_offload: bool = False, timeout_s: float = 300.0
+) -> None:
+    """Fail before any trial when an op name does not exist in this torch, or the compiled
+    offload is asked for (``compiled_offload``) and this torch lacks it.
 
-    Resolving an op needs torch, which the parent never imports: a short child process does it.
+    Both need torch, which the parent never imports: a short child process checks.
 
     Raises:
-        SpecError: an unknown op (the message names it and how to spell one).
+        SpecError: an unknown op (the message names it and how to spell one), or no compiled
+            activation offloading in this torch.
     """
-    if not ops:
+    if not ops and not compiled_offload:
         return
+    flag = ["--compiled-offload"] if compiled_offload else []
     out = subprocess.run(
-        [sys.executable, "-c", _CHECK_OPS, *ops],
+        [sys.executable, "-c", _CHECK_OPS, *flag, *ops],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -5,10 +5,13 @@ and brought back when the backward needs them (saved-tensor hooks, as torchao's
 On CUDA the copy to the host runs on a side stream into pinned memory, so it overlaps the
 forward's compute; ``Tensor.record_stream`` keeps the allocator from reusing the device copy
 until the transfer is done, so nothing waits for it in the forward. The copy back is issued on
-the compute stream after the transfer's event, non-blocking from pinned memory. Parameters, the
-model's own leaves and tensors under ``min_bytes`` stay where they are. A `HostLedger` counts
-the host bytes held, for the trial's host-memory peak (host memory is finite too, and the
-ranks of a host share it).
+the compute stream after the transfer's event, non-blocking from pinned memory. The host copy
+has the device tensor's strides (inductor's backward checks the strides of what it saved), so
+only tensors that are non-overlapping and dense move; a view into a larger tensor (attention's
+q, k, v of one projection) stays, as do parameters, views of them, the model's own tensors
+(`ActivationOffload.keep`: its parameters and buffers) and tensors under ``min_bytes``. A
+`HostLedger` counts the host bytes held, for the trial's host-memory peak (host memory is finite
+too, and the ranks of a host share it).
 
 torch is imported at call time.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +91,12 @@ class ActivationOffload:
         self.device_types = tuple(device_types)
         self._streams: dict[Any, Any] = {}
         self._entered: list[Any] = []  # one hooks context per entry: entries may nest
+        self._kept: set[int] = set()
+
+    def keep(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never move these (the model's parameters and buffers: a RoPE table saved by every
+        block would otherwise be copied out once per block), nor any view of their memory."""
+        self._kept |= {t.untyped_storage().data_ptr() for t in tensors}
 
     def __enter__(self) -> ActivationOffload:
         import torch
@@ -109,7 +118,9 @@ class ActivationOffload:
         base = tensor._base if tensor._base is not None else tensor  # weight.t() is a view
         if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
             return False  # a weight: it stays on the device whatever is saved
-        return tensor.numel() * tensor.element_size() >= self.min_bytes
+        if tensor.numel() * tensor.element_size() < self.min_bytes or not _dense(tensor):
+            return False
+        return tensor.untyped_storage().data_ptr() not in self._kept
 
     def pack(self, tensor: torch.Tensor) -> Any:
         import torch
@@ -118,7 +129,9 @@ class ActivationOffload:
             return tensor
         nbytes = tensor.numel() * tensor.element_size()
         pin = self.pin_memory and tensor.device.type == "cuda"
-        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin)
+        host = torch.empty_strided(
+            tensor.size(), tensor.stride(), dtype=tensor.dtype, pin_memory=pin
+        )  # the same strides: what comes back is what was saved
         event = None
         if tensor.device.type == "cuda":
             stream = self._side_stream(tensor.device)
@@ -150,6 +163,21 @@ class ActivationOffload:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device)
         return self._streams[device]
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's elements fill its memory exactly once, in some dimension order
+    (a host buffer of its strides then holds it and nothing else)."""
+    expected = 1
+    for size, stride in sorted(
+        zip(tensor.size(), tensor.stride(), strict=True), key=lambda p: p[1]
+    ):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def apply_block_offload(

@@ -97,27 +97,30 @@ def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
                 "op list cannot be changed; upgrade torch or leave the op lists empty"
             )
     if uses_compiled_offload(spec):
-        _check_compiled_offload(spec, functorch_config)
+        check_compiled_offload_available()
     resolve_ops(spec.recompute_ops_removed)
     resolve_ops(spec.recompute_ops_added)
 
 
-def _check_compiled_offload(spec: TrialSpec, functorch_config: Any) -> None:
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy
+def check_compiled_offload_available() -> None:
+    """Refuse ``op_offload`` on a torch without the partitioner's activation offloading.
 
-    if not spec.is_compiled:
-        raise SpecError(
-            "block_ac_policy 'op_offload' is the partitioner's activation offloading and needs "
-            "torch.compile; eager, use offload_every (saved-tensor hooks) or block_ac_policy op"
-        )
-    if not hasattr(functorch_config, COMPILED_OFFLOAD_SETTINGS[0]) or not hasattr(
-        CheckpointPolicy, "MUST_CPU_OFFLOAD"
-    ):
+    Raises:
+        SpecError: one line naming what is missing and what to use instead.
+    """
+    import torch
+    import torch._functorch.config as functorch_config
+
+    missing = [
+        name
+        for name in (COMPILED_OFFLOAD_SETTINGS[0], "joint_custom_pass")
+        if not hasattr(functorch_config, name)
+    ]
+    if missing:
         raise SpecError(
             f"torch {torch.__version__} has no compiled activation offloading "
-            "(torch._functorch.config.enable_activation_offloading); use offload_every "
-            "(saved-tensor hooks, any torch) or upgrade torch"
+            f"(torch._functorch.config.{' and '.join(missing)}); "
+            "use offload_every (saved-tensor hooks, any torch) or upgrade torch"
         )
 
 
@@ -163,7 +166,25 @@ COMPILED_OFFLOAD_SETTINGS = (
 )
 """The partitioner's offload settings turned on for ``block_ac_policy="op_offload"`` (the
 first is required, the others are used where this torch has them): the copies on their own
-stream, the forward's wait sunk to the last use, the backward's reload prefetched."""
+stream, the forward's wait sunk to the last use, the backward's reload prefetched. The nodes
+to move are marked by `mark_saved_for_offload`, set as ``joint_custom_pass``."""
+
+
+def mark_saved_for_offload(gm: Any, joint_inputs: Any) -> Any:
+    """The ``joint_custom_pass`` of ``op_offload``: mark what the op policy saves
+    (``recompute == MUST_SAVE``) ``should_offload``, which the partitioner's offloading moves
+    (nothing in torch turns a ``MUST_CPU_OFFLOAD`` policy into that mark), except in the last
+    checkpointed region, whose activations the backward uses first (torchtitan skips it too).
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    saved = [n for n in gm.graph.nodes if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE]
+    regions = {n.meta.get("ac_graph_id") for n in saved} - {None}
+    last = max(regions) if len(regions) > 1 else None
+    for node in saved:
+        if last is None or node.meta.get("ac_graph_id") != last:
+            node.meta["should_offload"] = True
+    return gm
 
 
 def uses_compiled_offload(spec: TrialSpec) -> bool:
@@ -182,9 +203,13 @@ def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]
         if k.name in _ALWAYS_SET or hasattr(functorch_config, str(k.functorch_key))
     }
     if uses_compiled_offload(spec):
-        settings |= {
-            name: True for name in COMPILED_OFFLOAD_SETTINGS if hasattr(functorch_config, name)
-        }
+        import torch
+
+        # the side-stream variants need CUDA streams; without CUDA the copies are synchronous
+        wanted = COMPILED_OFFLOAD_SETTINGS if torch.cuda.is_available() else ()
+        settings |= {COMPILED_OFFLOAD_SETTINGS[0]: True}
+        settings |= {name: True for name in wanted if hasattr(functorch_config, name)}
+        settings["joint_custom_pass"] = mark_saved_for_offload
     return settings
 
 

@@ -135,7 +135,7 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
         blocks = _blocks_for(spec, model, workload.blocks, "Workload(blocks=model.layers)")
         model_changes = turn_off_kv_cache(model)
         apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
-        offload = apply_offload(blocks, spec, device.type)
+        offload = apply_offload(model, blocks, spec, device.type)
     optimizer = build_optimizer(workload, spec, model.parameters())
     compiled = model if offload is not None else compile_model(model, spec)
     return PreparedStep(
@@ -231,7 +231,7 @@ def prepare_model(
         # (a pin written before model changes were recorded is covered by the same rule).
         turn_off_kv_cache(model)
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
-        return apply_offload(found, spec, device_type)
+        return apply_offload(model, found, spec, device_type)
     return None
 
 
@@ -246,7 +246,7 @@ def _blocks_for(
 
 
 def apply_offload(
-    blocks: Sequence[nn.Module], spec: TrialSpec, device_type: str
+    model: nn.Module, blocks: Sequence[nn.Module], spec: TrialSpec, device_type: str
 ) -> ActivationOffload | None:
     """Offload every ``offload_every``-th block's saved activations (after block AC). Compiled,
     each block's forward is compiled on its own (`compile_forwards`) and the hooks sit around
@@ -263,6 +263,7 @@ def apply_offload(
         return None
     compile_forwards(blocks, spec)
     offload = ActivationOffload(device_types=(device_type,))
+    offload.keep([*model.parameters(), *model.buffers()])
     skip = (lambda block: False) if spec.is_compiled else is_checkpointed
     apply_block_offload(blocks, spec.offload_every, offload, skip=skip)
     return offload

@@ -28,6 +28,10 @@ EXPANDABLE = "expandable_segments:True"
 """The ``cuda_alloc_conf`` that ends the caching allocator's fragmentation (CUDA)."""
 
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""Compile modes that capture CUDA graphs (their memory pool is overwritten at each replay)."""
+
+
 def _compiled(spec: TrialSpec) -> bool:
     return spec.compile_mode != "eager"
 
@@ -166,14 +170,18 @@ class TrialSpec:
         0,
         help="0 = off; k = every k-th repeated block's saved activations go to host memory in "
         "the forward and come back for the backward (side stream, pinned memory; compiled, "
-        "each block is compiled on its own with the hooks around it; any torch)",
+        "each block is compiled on its own with the hooks around it; not with CUDA graphs; "
+        "any torch)",
         applied_by="offload",
         sampled="choice",
         plural="offload_every",
         space_default=(0,),  # searched when a study lists strides: --offload-every 0,1,2
         # eager, checkpoint's own hooks hold a checkpointed block's activations: with every
-        # block under block AC there is nothing offload could move
-        relevant=lambda s: s.is_compiled or s.block_ac_every != 1,
+        # block under block AC there is nothing offload could move; CUDA graphs reuse their
+        # pool at the next replay while a copy to the host may still read it
+        relevant=lambda s: (
+            (s.is_compiled or s.block_ac_every != 1) and s.compile_mode not in CUDA_GRAPH_MODES
+        ),
         render=lambda s: f"offload every {s.offload_every}" if s.offload_every else None,
     )
     optimizer_impl: Literal["as_written", "foreach", "fused"] = knob(
@@ -225,6 +233,12 @@ class TrialSpec:
         for k in KNOBS:
             if k.value_type is not float and k.value_type is not tuple:
                 k.check(getattr(self, k.name))
+        if self.offload_every and self.compile_mode in CUDA_GRAPH_MODES:
+            raise SpecError(
+                f"offload_every does not go with compile_mode {self.compile_mode!r}: CUDA "
+                "graphs overwrite their memory at the next replay while the copy to host memory "
+                "may still read it; use default or max-autotune-no-cudagraphs"
+            )
         if self.compiled_offload and not self.is_compiled:
             raise SpecError(
                 "block_ac_policy 'op_offload' is the partitioner's activation offloading and "
