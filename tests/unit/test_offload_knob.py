@@ -374,3 +374,15 @@ def test_the_parent_refuses_op_offload_on_a_torch_without_it_before_any_trial(
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     with pytest.raises(SpecError, match="has no compiled activation offloading"):
         check_ops_exist([], compiled_offload=True)
+
+
+def test_the_search_leaves_out_op_ac_below_budget_one_with_offload() -> None:
+    """Compiled block by block, an op-policy block at budget < 1 failed in AOTAutograd on torch
+    2.13 ("expected all tensors_saved_with_vc_check to be Tensors": found by a CPU search with
+    offload in the space, which then excluded the op policy for good); budget 1.0 and the full
+    policy run."""
+    knob = KNOB_BY_NAME["offload_every"]
+    op = COMPILED.replace(block_ac_every=4, block_ac_policy="op")
+    assert not knob.relevant(op.replace(activation_memory_budget=0.58))
+    assert knob.relevant(op) and knob.relevant(op.replace(block_ac_policy="full"))
+    assert knob.relevant(COMPILED.replace(activation_memory_budget=0.3))

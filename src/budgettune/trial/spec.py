@@ -40,6 +40,24 @@ def _below_one(spec: TrialSpec) -> bool:
     return spec.compile_mode != "eager" and spec.activation_memory_budget < 1.0
 
 
+def _offload_relevant(spec: TrialSpec) -> bool:
+    """Where ``offload_every`` can run and move something (the search samples it only there).
+
+    Eager, checkpoint's own hooks hold a checkpointed block's activations: with every block
+    under block AC nothing is left to move. CUDA graphs overwrite their pool at the next replay
+    while a copy to the host may still read it. Compiled block by block (as offload compiles),
+    a block under the op policy with a budget below 1 fails in AOTAutograd on torch 2.13 (a
+    tuple among the saved tensors; whole-model compile takes it), so the search leaves that
+    pairing out.
+    """
+    if spec.compile_mode in CUDA_GRAPH_MODES:
+        return False
+    if not spec.is_compiled:
+        return spec.block_ac_every != 1
+    selective = spec.block_ac_every and spec.block_ac_policy in ("op", "op_offload")
+    return not (selective and spec.activation_memory_budget < 1.0)
+
+
 def _ops(sign: str, ops: tuple[str, ...]) -> str | None:
     return sign + ",".join(op.split(".", 1)[1] for op in ops) if ops else None
 
@@ -176,12 +194,7 @@ class TrialSpec:
         sampled="choice",
         plural="offload_every",
         space_default=(0,),  # searched when a study lists strides: --offload-every 0,1,2
-        # eager, checkpoint's own hooks hold a checkpointed block's activations: with every
-        # block under block AC there is nothing offload could move; CUDA graphs reuse their
-        # pool at the next replay while a copy to the host may still read it
-        relevant=lambda s: (
-            (s.is_compiled or s.block_ac_every != 1) and s.compile_mode not in CUDA_GRAPH_MODES
-        ),
+        relevant=lambda s: _offload_relevant(s),
         render=lambda s: f"offload every {s.offload_every}" if s.offload_every else None,
     )
     optimizer_impl: Literal["as_written", "foreach", "fused"] = knob(
