@@ -72,9 +72,22 @@ echo "limits: hi \$hi bytes, lo \$lo bytes" | tee \$out/limits.txt
 for level in hi lo; do
     [ -f \$out/pin-\$level.json ] && continue
     limit=\$hi; margin=0.03; [ \$level = lo ] && { limit=\$lo; margin=0; }
-    echo "== search \$level (\$limit bytes), \$(date -u +%FT%TZ)"
+    # a study cut off on an earlier machine resumes: only the trials it still lacks (0: pin)
+    left=\$(python3 - \$out/offload33.db offload33-\$level <<'PY'
+import sys, pathlib, optuna
+db, name = sys.argv[1:]
+if not pathlib.Path(db).exists() or name not in optuna.get_all_study_names(f"sqlite:///{db}"):
+    print(16)
+else:
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                    optuna.trial.TrialState.PRUNED))
+    print(max(16 - len(done), 0))
+PY
+)
+    echo "== search \$level (\$limit bytes, \$left trials to go), \$(date -u +%FT%TZ)"
     timeout 7200 python3 -m budgettune search \$w --max-mem \${limit}B --margin \$margin \\
-        --trials 16 --reverify 3 --offload-every 0,1,2 --block-ac-policies full,op,op_offload \\
+        --trials \$left --reverify 3 --offload-every 0,1,2 --block-ac-policies full,op,op_offload \\
         --storage sqlite:///\$out/offload33.db --study offload33-\$level \\
         --runs-dir \$state/runs --output \$out/pin-\$level.json > \$out/search-\$level.txt 2>&1
     echo "search \$level exit \$?"
