@@ -182,15 +182,16 @@ def as_given(search: SearchSpec) -> TrialSpec:
     """Compile at budget 1.0, no block AC, the optimizer and allocator as the user gave them,
     every other knob the search fixes (offload, ...) at its fixed value (the unconstrained
     baseline; the other baselines change one thing of it)."""
-    fixed = search.space.fixed
-    held = {k: v for k, v in fixed.items() if k not in _SET_BY_BASELINES}
-    return search.base.replace(**held).replace(
-        activation_memory_budget=1.0,
-        compile_mode=fixed.get("compile_mode", "default"),
-        compile_backend=fixed.get("compile_backend", search.space.compile_backend),
-        optimizer_impl=fixed.get("optimizer_impl", "as_written"),
-        cuda_alloc_conf=fixed.get("cuda_alloc_conf", ""),
-        block_ac_every=0,
+    held = {k: v for k, v in search.space.fixed.items() if k not in _SET_BY_BASELINES}
+    defaults = {
+        "compile_mode": "default",
+        "compile_backend": search.space.compile_backend,
+        "optimizer_impl": "as_written",
+        "cuda_alloc_conf": "",
+    }
+    # the fixed values win over those defaults
+    return search.base.replace(
+        **{**defaults, **held, "activation_memory_budget": 1.0, "block_ac_every": 0}
     )
 
 

@@ -135,14 +135,7 @@ class RankRecord:
         if self.error:
             figures["error"] = self.error
         if self.step_time_ms is not None:
-            figures.update(
-                peak_allocated_bytes=self.peak_allocated_bytes,
-                peak_reserved_bytes=self.peak_reserved_bytes,
-                peak_device_bytes=self.peak_device_bytes,
-                steady_bytes=self.steady_bytes,
-                peak_phase=self.peak_phase,
-                step_time_ms=self.step_time_ms,
-            )
+            figures.update({key: getattr(self, key) for key in _RANK_FIGURES})
         return figures
 
     @classmethod

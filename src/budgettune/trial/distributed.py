@@ -18,20 +18,20 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import SpecError
-from budgettune.trial.block_ac import apply_block_ac, is_checkpointed
+from budgettune.trial.block_ac import apply_block_ac
 from budgettune.trial.block_compile import compile_blocks
 from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
-from budgettune.trial.offload import ActivationOffload, apply_block_offload
+from budgettune.trial.offload import ActivationOffload
 from budgettune.trial.recompute import (
     PreparedStep,
     build_optimizer,
     check_spec_supported,
+    repeated_blocks,
     scoped_module_class,
+    wrap_offload,
 )
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun
-from budgettune.workload import find_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -142,22 +142,16 @@ def shard_model(
 
     check_spec_supported(spec, mesh.device_type)
     made = apply_model_changes(model, model_changes)
-    found = list(blocks) if blocks is not None else find_blocks(model)
-    if spec.block_ac_every and not found:
-        raise SpecError("block_ac_every needs repeated blocks: pass Workload(blocks=...)")
+    found = repeated_blocks(spec, model, blocks, "Workload(blocks=...)")
     if found and (spec.block_ac_every or spec.is_compiled):
         made = tuple(dict.fromkeys(made + turn_off_kv_cache(model)))
-    if spec.offload_every and not found:
-        raise SpecError("offload_every needs repeated blocks: pass Workload(blocks=...)")
     if spec.block_ac_every:
         apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
     placed = compile_blocks(model, found, spec) if found else []
     offload = None
     if spec.offload_every:  # around the compiled blocks, per rank (each has its own ledger)
-        offload = ActivationOffload(device_types=(mesh.device_type,))
-        offload.keep(model.buffers())  # the parameters are gathered anew each step (Parameters)
-        skip = (lambda block: False) if spec.is_compiled else is_checkpointed
-        apply_block_offload(placed, spec.offload_every, offload, skip=skip)
+        # not the parameters: sharding frees their storage (the gathered ones are Parameters)
+        offload = wrap_offload(placed, spec, mesh.device_type, keep=model.buffers())
     if parallelize is not None:
         model = parallelize(model, mesh) or model
     else:

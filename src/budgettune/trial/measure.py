@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from budgettune.errors import NonFiniteLossError
 from budgettune.trial.cpu_memory import profile_cpu_step
 from budgettune.trial.devices import process_used_bytes
-from budgettune.trial.partitioner import uses_compiled_offload
 from budgettune.trial.results import PHASES, Measurement
 
 if TYPE_CHECKING:
@@ -176,7 +175,7 @@ def live_tensor_bytes(device_type: str, *, model: Any, optimizer: Any, batch: An
 
 
 def _offloads(step: PreparedStep) -> bool:
-    return step.offload is not None or uses_compiled_offload(step.spec)
+    return step.offload is not None or step.spec.compiled_offload
 
 
 def start_host_window(step: PreparedStep) -> None:

@@ -96,7 +96,7 @@ def check_spec_supported(spec: TrialSpec, device_type: str) -> None:
                 "this torch's partitioner has no get_default_op_list, so the recomputable "
                 "op list cannot be changed; upgrade torch or leave the op lists empty"
             )
-    if uses_compiled_offload(spec):
+    if spec.compiled_offload:
         check_compiled_offload_available()
     resolve_ops(spec.recompute_ops_removed)
     resolve_ops(spec.recompute_ops_added)
@@ -187,11 +187,6 @@ def mark_saved_for_offload(gm: Any, joint_inputs: Any) -> Any:
     return gm
 
 
-def uses_compiled_offload(spec: TrialSpec) -> bool:
-    """Whether the spec marks outputs for the partitioner's activation offloading."""
-    return spec.compiled_offload
-
-
 def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]:
     """The ``torch._functorch.config`` values of the spec's partitioner knobs: every one this
     torch has (a knob at its default that this torch lacks is left out; `check_spec_supported`
@@ -202,7 +197,7 @@ def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]
         for k in PARTITIONER_KNOBS
         if k.name in _ALWAYS_SET or hasattr(functorch_config, str(k.functorch_key))
     }
-    if uses_compiled_offload(spec):
+    if spec.compiled_offload:
         import torch
 
         # the side-stream variants need CUDA streams; without CUDA the copies are synchronous

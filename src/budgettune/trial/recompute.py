@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util  # noqa: F401 - `check_spec_supported` looks scipy up through it
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,7 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
     model_changes: tuple[str, ...] = ()
     offload = None
     if spec.block_ac_every or spec.offload_every:
-        blocks = _blocks_for(spec, model, workload.blocks, "Workload(blocks=model.layers)")
+        blocks = repeated_blocks(spec, model, workload.blocks, "Workload(blocks=model.layers)")
         model_changes = turn_off_kv_cache(model)
         apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
         offload = apply_offload(model, blocks, spec, device.type)
@@ -226,7 +226,7 @@ def prepare_model(
     check_spec_supported(spec, device_type)
     apply_model_changes(model, model_changes)
     if spec.block_ac_every or spec.offload_every:
-        found = _blocks_for(spec, model, blocks, "blocks=model.layers")
+        found = repeated_blocks(spec, model, blocks, "blocks=model.layers")
         # What was measured is what runs: the trial turned a transformers model's cache off
         # (a pin written before model changes were recorded is covered by the same rule).
         turn_off_kv_cache(model)
@@ -235,11 +235,17 @@ def prepare_model(
     return None
 
 
-def _blocks_for(
+def repeated_blocks(
     spec: TrialSpec, model: nn.Module, blocks: Sequence[nn.Module] | None, how: str
 ) -> list[nn.Module]:
+    """The blocks given, else those `find_blocks` finds (maybe none).
+
+    Raises:
+        SpecError: none, and block AC or offload needs them (the message says ``how`` to
+            name them).
+    """
     found = list(blocks) if blocks is not None else find_blocks(model)
-    if not found:
+    if not found and (spec.block_ac_every or spec.offload_every):
         knob = "block_ac_every" if spec.block_ac_every else "offload_every"
         raise SpecError(f"{knob} needs repeated blocks: pass {how}")
     return found
@@ -262,8 +268,17 @@ def apply_offload(
     if not spec.offload_every:
         return None
     compile_forwards(blocks, spec)
+    return wrap_offload(blocks, spec, device_type, keep=[*model.parameters(), *model.buffers()])
+
+
+def wrap_offload(
+    blocks: Sequence[nn.Module], spec: TrialSpec, device_type: str, *, keep: Iterable[Any]
+) -> ActivationOffload:
+    """The offload hooks around every ``offload_every``-th of ``blocks`` (compiled already
+    when the spec compiles; eager, blocks under block AC are skipped), never moving ``keep``
+    (the model's own tensors). Shared by `apply_offload` and the sharded path."""
     offload = ActivationOffload(device_types=(device_type,))
-    offload.keep([*model.parameters(), *model.buffers()])
+    offload.keep(keep)
     skip = (lambda block: False) if spec.is_compiled else is_checkpointed
     apply_block_offload(blocks, spec.offload_every, offload, skip=skip)
     return offload
