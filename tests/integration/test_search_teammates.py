@@ -228,3 +228,39 @@ def test_a_cut_off_reverification_resumes_with_the_runs_it_stored(
             assert len(fresh) == 4 and len(launched) == 6
         finally:
             searcher.claim.close()
+
+
+def test_a_value_excluded_after_crashes_leaves_its_knob_drawable(tmp_path: Path) -> None:
+    """After fused crashed twice (excluded), later trials still draw the optimizer from the
+    two values left: Optuna refuses a categorical whose choices change within a study, which
+    failed every later trial that drew the knob (H100, 2026-11-26: op_offload on torch 2.11)."""
+    from budgettune.storage.user_attrs import EXCLUDED_ATTR
+
+    url = f"sqlite:///{tmp_path / 'bt.db'}"
+    search = build_search_spec(
+        {
+            "workload": "builtin:tiny-gpt", "max_mem": "500MB", "study": "s", "storage": url,
+            "runs_dir": str(tmp_path / "runs"), "trials": 4,
+            "space": {"backend": "aot_eager_decomp_partition", "ac_every": [0],
+                      "optimizer_impls": ["as_written", "foreach", "fused"]},
+            "fix": {"compile_mode": "eager"},
+        },
+        default_device="cpu",
+    )  # fmt: skip
+    with storage.open_storage(url, heartbeat_interval_s=10) as store:
+        searcher = Searcher(search, store)
+        searcher.claim.close()
+        study = searcher.study
+        drawn_before = set()
+        for _ in range(8):  # the baselines, then the sampler's draws of all three
+            trial = study.ask()
+            drawn_before.add(searcher.spec_for(trial).optimizer_impl)
+            study.tell(trial, 1.0)
+        study.set_user_attr(EXCLUDED_ATTR, [{"knob": "optimizer_impl", "value": "fused"}])
+        drawn_after = set()
+        for _ in range(12):
+            trial = study.ask()
+            drawn_after.add(searcher.spec_for(trial).optimizer_impl)
+            study.tell(trial, 1.0)
+    assert "fused" in drawn_before
+    assert drawn_after == {"as_written", "foreach"}

@@ -95,6 +95,36 @@ def test_enqueued_params_reproduce_the_spec() -> None:
     assert suggest_spec(trial, space, TrialSpec()) == spec
 
 
+def test_a_choice_narrowed_by_a_crash_is_still_drawn_in_the_same_study(tmp_path) -> None:
+    """Optuna refuses a categorical param whose choices change within a study; a policy
+    excluded after crashes (as op_offload on torch 2.11, H100 2026-11-26) must not fail every
+    later trial that draws the policy."""
+    from budgettune.search.crash_memory import narrow
+
+    space = SearchSpace.for_device(
+        "cpu", block_ac_every=(1, 2), block_ac_policies=("full", "op", "op_offload")
+    )
+    narrowed = narrow(space, [{"knob": "block_ac_policy", "value": "op_offload"}])
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 's.db'}", sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    for _ in range(3):  # the study has drawn the declared policies
+        trial = study.ask()
+        suggest_spec(trial, space, TrialSpec())
+        study.tell(trial, 1.0)
+    trial = study.ask()
+    with pytest.raises(ValueError, match="dynamic value space"):  # Optuna's rule, the cause
+        suggest_spec(trial, narrowed, TrialSpec())
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    drawn = set()
+    for _ in range(20):
+        trial = study.ask()
+        drawn.add(suggest_spec(trial, narrowed, TrialSpec(), declared=space).block_ac_policy)
+        study.tell(trial, 1.0)
+    assert drawn == {"full", "op"}
+    assert "block_ac_policy[full|op]" in study.trials[-1].params
+
+
 def test_search_space_rejects_bad_values() -> None:
     with pytest.raises(UsageError, match="unknown value"):
         SearchSpace(compile_modes=("turbo",))

@@ -132,3 +132,34 @@ def test_a_point_still_running_is_not_asked_twice_and_nothing_is_measured_again(
     ]
     step = next_structured(search, points, base, ("full",))
     assert step == (structured_label("full", 2), structured_spec(base, "full", 2))
+
+
+def test_with_offload_searched_the_leanest_point_over_the_limit_is_tried_offloading() -> None:
+    """Below full block AC's peak only offload can fit (H100, 2026-11-26: a 12-trial study
+    never drew it); with a sparser stride over the limit, offloading it may beat recomputing."""
+    search = _search(
+        block_ac_every=(0, 1, 2), block_ac_policies=("full",), offload_every=(0, 1, 2)
+    )
+    base = TrialSpec(optimizer_impl="fused")
+    full_1, full_2 = structured_spec(base, "full", 1), structured_spec(base, "full", 2)
+    over_all = [_ok("full-1", full_1, 10.5, 60.0), _ok("full-2", full_2, 12.0, 55.0)]
+    label, spec = next_structured(search, over_all, base, ("full",)) or ("", None)
+    assert (label, spec) == ("structured-full-1-offload-1", full_1.replace(offload_every=1))
+    # measured once: then the map is complete
+    done = [*over_all, _ok(label, full_1.replace(offload_every=1), 9.0, 64.0)]
+    assert next_structured(search, done, base, ("full",)) is None
+    # full fits at 1, over at 2: stride 2 offloading
+    boundary = [_ok("full-1", full_1, 6.0, 60.0), _ok("full-2", full_2, 12.0, 55.0)]
+    step = next_structured(search, boundary, base, ("full",))
+    assert step == ("structured-full-2-offload-1", full_2.replace(offload_every=1))
+    # offload not searched, or everything fits: no such point
+    plain = _search(block_ac_every=(0, 1, 2), block_ac_policies=("full",))
+    assert next_structured(plain, over_all, base, ("full",)) is None
+    fits = [*boundary[:1], _ok("full-2", full_2, 7.0, 55.0),
+            _ok("none", structured_spec(base, "full", 0), 8.0, 50.0)]  # fmt: skip
+    assert next_structured(search, fits, base, ("full",)) is None
+    # eager, every block under block AC holds nothing to offload: not asked
+    eager = TrialSpec(compile_mode="eager")
+    eager_over = [_ok("full-1", structured_spec(eager, "full", 1), 10.5, 60.0),
+                  _ok("full-2", structured_spec(eager, "full", 2), 12.0, 55.0)]  # fmt: skip
+    assert next_structured(search, eager_over, eager, ("full",)) is None

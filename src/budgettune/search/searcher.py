@@ -160,7 +160,7 @@ class Searcher:
             suggest_spec(trial, self.search.space, self.search.base)
             return TrialSpec.from_json_dict(enqueued)
         space = sampling_space(self.search, self.study.user_attrs)
-        return suggest_spec(trial, space, self.search.base)
+        return suggest_spec(trial, space, self.search.base, declared=self.search.space)
 
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
@@ -314,8 +314,8 @@ class Searcher:
 
         Another worker's stale-trial check can fail this process's running trial (its
         heartbeat missed, e.g. a host paused); Optuna then refuses to tell it (`ValueError`).
-        The measurement is already stored; the trial is re-run, so the loop goes on.
-        """
+        The measurement is already stored; the trial is re-run, so the loop goes on. Any other
+        `ValueError` came from the objective itself and is raised."""
         self.running_trial = None
         try:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
@@ -323,10 +323,10 @@ class Searcher:
             if self.running_trial is not None:  # not its configuration's fault: run it again
                 requeue_unfinished(self.study, self.store.optuna_storage, self.running_trial)
             raise
-        except ValueError:
+        except ValueError as exc:
             number = self.running_trial
-            if number is None:
-                raise
+            if number is None or not str(exc).startswith("Cannot tell a FAIL trial"):
+                raise  # the objective's own error, not a tell refused after a stale check
             frozen = stored_trial(self.study, self.store.optuna_storage, number)
             if frozen.state != optuna.trial.TrialState.FAIL:
                 raise

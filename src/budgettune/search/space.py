@@ -230,15 +230,36 @@ def parse_fixed(pairs: list[str]) -> dict[str, Any]:
     return fixed
 
 
-def _choose(trial: optuna.trial.BaseTrial, name: str, space: SearchSpace, values: tuple) -> Any:
+def _choose(
+    trial: optuna.trial.BaseTrial, name: str, space: SearchSpace, values: tuple, declared: tuple
+) -> Any:
     if name in space.fixed:
         return space.fixed[name]
     if len(values) == 1:
         return values[0]
-    return trial.suggest_categorical(name, list(values))
+    return trial.suggest_categorical(choice_param(name, values, declared), list(values))
 
 
-def suggest_spec(trial: optuna.trial.BaseTrial, space: SearchSpace, base: TrialSpec) -> TrialSpec:
+def choice_param(name: str, values: tuple, declared: tuple) -> str:
+    """The Optuna param of a choice knob drawn from ``values``.
+
+    Optuna refuses a categorical param whose choices change within a study ("does not
+    support dynamic value space"), so a list narrowed after the study began (values that
+    crashed excluded, `crash_memory.narrow`) is drawn under a name of its own:
+    ``block_ac_policy[full|op]``. The declared list keeps the knob's own name.
+    """
+    if tuple(values) == tuple(declared):
+        return name
+    return f"{name}[{'|'.join(str(v) for v in values)}]"
+
+
+def suggest_spec(
+    trial: optuna.trial.BaseTrial,
+    space: SearchSpace,
+    base: TrialSpec,
+    *,
+    declared: SearchSpace | None = None,
+) -> TrialSpec:
     """Draw one configuration from ``space``; fields not searched come from ``base``.
 
     Each searched knob is drawn in `TrialSpec`'s order where it is relevant (`Knob.relevant`
@@ -249,10 +270,13 @@ def suggest_spec(trial: optuna.trial.BaseTrial, space: SearchSpace, base: TrialS
             parameters are named ``remove:aten.add`` / ``add:aten.mm``).
         space: the search space.
         base: seed, step counts and anything else the search does not vary.
+        declared: the search's space as declared, when ``space`` is it narrowed (a choice list
+            narrowed since is drawn under a param of its own: `choice_param`).
 
     Returns:
         A validated `TrialSpec`.
     """
+    declared = declared or space
     spec = base.replace(compile_backend=space.fixed.get("compile_backend", space.compile_backend))
     for k in SEARCHED:
         if not k.relevant(spec):
@@ -269,7 +293,7 @@ def suggest_spec(trial: optuna.trial.BaseTrial, space: SearchSpace, base: TrialS
                 if trial.suggest_categorical(f"{prefix}:{op}", [False, True])
             )
         else:
-            value = _choose(trial, k.name, space, space.lists[k.plural])
+            value = _choose(trial, k.name, space, space.lists[k.plural], declared.lists[k.plural])
         spec = spec.replace(**{k.name: value})
     return spec
 

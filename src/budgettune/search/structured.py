@@ -14,7 +14,8 @@ strides, policies, optimizers, allocators) pairs them late
 2. **structured points**: block AC every k blocks for each policy at the settled knobs,
    placed by bisection on the memory axis (`next_structured`): more blocks checkpointed never
    holds more memory, so a stride that fits rules out the smaller ones (slower) and a stride
-   over the limit rules out the larger ones; "no block AC" is the largest stride;
+   over the limit rules out the larger ones; "no block AC" is the largest stride; with offload
+   searched, the leanest point over the limit is measured once more, offloading (`_offload_point`);
 3. then the sampler, with the settled knobs held, refines budgets, op lists and solvers
    around what fits.
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from budgettune.search.spec import SearchSpec
-from budgettune.trial.spec import EXPANDABLE, TrialSpec
+from budgettune.trial.spec import EXPANDABLE, KNOB_BY_NAME, TrialSpec
 
 STRUCTURED_MIN_TRIALS = 8
 """From this many trials a study opens with settle probes and structured points."""
@@ -207,6 +208,8 @@ def next_structured(
             by_spec[point.spec] = point
     strides = _ordered_strides(search)
     full_missing = len(strides)  # the op policy saves more than full: it misses where full does
+    leanest: tuple[str, int] | None = None  # (policy, stride) of the leanest point over the limit
+    waiting = False
     for policy in sorted(policies, key=lambda name: name != "full"):
         specs = [structured_spec(base, policy, stride) for stride in strides]
         fitting, missing = -1, len(specs) if policy == "full" else full_missing
@@ -220,13 +223,43 @@ def next_structured(
                 missing = min(missing, index)
         if policy == "full":
             full_missing = missing
+        if leanest is None and missing < len(specs):
+            leanest = (policy, strides[missing])
         if missing - fitting <= 1:
             continue  # this policy's boundary is mapped
         index = (fitting + missing) // 2
         if by_spec.get(specs[index]) is not None:  # still running or queued
+            waiting = True
             continue
         return structured_label(policy, strides[index]), specs[index]
-    return None
+    if waiting or leanest is None:
+        return None
+    return _offload_point(search, by_spec, base, *leanest)
+
+
+def _offload_point(
+    search: SearchSpec,
+    by_spec: Mapping[TrialSpec, Point],
+    base: TrialSpec,
+    policy: str,
+    stride: int,
+) -> tuple[str, TrialSpec] | None:
+    """With offload searched, the leanest structured point over the limit, offloading every
+    block it can (`offload_every` at its smallest stride): the other way to fit it.
+
+    Where even full block AC on every block is over the limit, only offload can fit, and a
+    sampler spread over the space rarely draws it before the trials run out (H100,
+    2026-11-26: 12 trials, offload never drawn, exit 3); where a sparser stride is over, its
+    offloading may cost less time than the next stride's recompute.
+    """
+    knob = KNOB_BY_NAME["offload_every"]
+    every = sorted(k for k in search.space.values_of(knob) if k > 0)
+    if not every or "offload_every" in search.space.fixed:
+        return None
+    spec = structured_spec(base, policy, stride).replace(offload_every=every[0])
+    if not knob.relevant(spec) or spec in by_spec:
+        return None
+    return f"{structured_label(policy, stride)}-offload-{every[0]}", spec
 
 
 def settled_attr(settlements: Sequence[Settlement]) -> dict[str, Any]:
