@@ -55,3 +55,37 @@ def test_a_search_with_offload_pins_its_figures_and_the_host_limit_keeps_it_out(
     assert "host memory for offload" in text and "offload every 1" in text
     assert "to host memory and back per step" in text
     assert "nothing without offload fit in this study" in text
+
+
+def test_the_gpu_study_where_nothing_fit_resumes_with_the_offload_point(tmp_path: Path) -> None:
+    """The H100 study 1 % under full block AC (benchmarks/results/offload33, torch 2.11): 12
+    trials, offload never drawn, exit 3. Resumed with 6 more trials (fewer than the opening
+    needs, but the study's target is 18), its next trial is full block AC with offload on every
+    block, at the knobs the study settled."""
+    import shutil
+
+    import optuna
+
+    from budgettune.search.opening_plan import plan_opening
+    from budgettune.search.spec import SearchSpec
+    from budgettune.storage.user_attrs import TARGET_ATTR
+
+    db = tmp_path / "lo.db"
+    shutil.copy(Path(__file__).parents[2] / "benchmarks/results/offload33/offload33-lo.db", db)
+    url = f"sqlite:///{db}"
+    study = optuna.load_study(study_name="offload33-lo", storage=url)
+    study.set_user_attr(TARGET_ATTR, 18)  # as `search --trials 6` sets it before any trial
+    search = SearchSpec.from_json_dict(
+        study.user_attrs["search_spec"], storage_url=url, num_trials=6
+    )
+    notices: list[str] = []
+    plan_opening(study, search, notices.append)
+    [queued] = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert queued.user_attrs["baseline"] == "structured-full-1-offload-1"
+    spec = queued.user_attrs["enqueued_spec"]
+    assert (spec["block_ac_every"], spec["block_ac_policy"], spec["offload_every"]) == (
+        1, "full", 1
+    )  # fmt: skip
+    assert (spec["optimizer_impl"], spec["cuda_alloc_conf"]) == (
+        "fused", "expandable_segments:True"
+    )  # fmt: skip

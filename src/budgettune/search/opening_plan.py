@@ -26,7 +26,7 @@ from budgettune.search.structured import (
 )
 from budgettune.search.study import as_given
 from budgettune.storage.trials import FULL_AC, record_of
-from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR
+from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, TARGET_ATTR
 
 _STATE = optuna.trial.TrialState
 
@@ -75,7 +75,7 @@ def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str]
     Nothing is queued while trials wait in the queue or a settle probe (or the full-AC
     reference) has no result yet: the next point depends on them.
     """
-    if not wants_structured_opening(search):
+    if not wants_structured_opening(search, study.user_attrs.get(TARGET_ATTR)):
         return
     trials = study.get_trials(deepcopy=False)
     points = points_of(trials, search.mem_metric)

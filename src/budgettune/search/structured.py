@@ -89,11 +89,15 @@ def _free_choices(search: SearchSpec) -> list[tuple[str, Any]]:
     return out
 
 
-def wants_structured_opening(search: SearchSpec) -> bool:
-    """Whether the study is long enough, and block AC searched, for the structured opening."""
+def wants_structured_opening(search: SearchSpec, target: int | None = None) -> bool:
+    """Whether the study is long enough, and block AC searched, for the structured opening.
+
+    ``target``: the study's trial target, when it has one (a resumed study: this search's
+    ``num_trials`` is only what it adds).
+    """
     strides = [s for s in search.space.block_ac_every if s > 0]
     return (
-        search.num_trials >= STRUCTURED_MIN_TRIALS
+        max(search.num_trials, target or 0) >= STRUCTURED_MIN_TRIALS
         and "block_ac_every" not in (search.space.fixed)
         and bool(strides)
     )
