@@ -163,3 +163,6 @@ def test_with_offload_searched_the_leanest_point_over_the_limit_is_tried_offload
     eager_over = [_ok("full-1", structured_spec(eager, "full", 1), 10.5, 60.0),
                   _ok("full-2", structured_spec(eager, "full", 2), 12.0, 55.0)]  # fmt: skip
     assert next_structured(search, eager_over, eager, ("full",)) is None
+    # a leanest point that crashed would crash offloading too
+    crashed = Point(label="full-1", spec=full_1, finished=True, outcome="crashed")
+    assert next_structured(search, [crashed, over_all[1]], base, ("full",)) is None

@@ -227,8 +227,9 @@ def next_structured(
                 missing = min(missing, index)
         if policy == "full":
             full_missing = missing
-        if leanest is None and missing < len(specs):
-            leanest = (policy, strides[missing])
+        over = by_spec.get(specs[missing]) if missing < len(specs) else None
+        if leanest is None and over is not None and over.outcome != "crashed":
+            leanest = (policy, strides[missing])  # measured over the limit (a crash: not that)
         if missing - fitting <= 1:
             continue  # this policy's boundary is mapped
         index = (fitting + missing) // 2
