@@ -22,8 +22,9 @@
 # The first call starts a detached driver (state in /tmp/bt-offload33, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/offload33.tar. The work
 # outlasts one lease: put what came back in benchmarks/results/offload33/ and the next machine's
-# first call resumes from it (the probe, the calibration and finished pins are skipped; a study
-# cut off resumes its trials from its database).
+# first call resumes from it (the probe, the calibration and finished jobs are skipped; a study
+# resumes from its database up to TRIALS trials: a larger TRIALS adds trials to a finished one,
+# then its pin and job are made again).
 set -uo pipefail
 [ $# -ge 1 ] && [ "$1" -ge 0 ] 2>/dev/null || { echo "usage: bash benchmarks/offload_gpu.sh WAIT_S [BATCH] [TRIALS]" >&2; exit 2; }
 wait_s=$1
@@ -87,30 +88,35 @@ echo "limits: hi \$hi bytes, lo \$lo bytes" | tee \$out/limits.txt
 [ -n "\$lo" ] || { echo "== calibration failed: no limits, driver stopped"; exit 1; }
 search() {  # search LEVEL LIMIT MARGIN: one study per database (two searches write at once)
     local db=\$out/offload33-\$1.db
-    # a study cut off on an earlier machine resumes: only the trials it still lacks (0: pin)
+    # a study from an earlier machine resumes up to TRIALS trials, counted as the search
+    # counts them (its --trials N adds N to what the study holds); none left and a pin: done
     local left=\$(python3 - \$db offload33-\$1 $trials <<'PY'
 import sys, pathlib, optuna
+from budgettune.search.target import study_count
 db, name, trials = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if not pathlib.Path(db).exists() or name not in optuna.get_all_study_names(f"sqlite:///{db}"):
     print(trials)
 else:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
-                                                    optuna.trial.TrialState.PRUNED))
-    print(max(trials - len(done), 0))
+    count = study_count(study, trial_timeout_s=900, heartbeat_s=10)
+    print(max(trials - (count.counted - count.waiting), 0))
 PY
 )
+    [ -n "\$left" ] || { echo "== search \$1: its study could not be counted"; return; }
+    if [ "\$left" = 0 ] && [ -f \$out/pin-\$1.json ]; then return; fi
+    rm -f \$out/job-\$1.json  # a new pin gets a new job
     echo "== search \$1 (\$2 bytes, \$left trials to go) on GPU \$CUDA_VISIBLE_DEVICES, \$(date -u +%FT%TZ)"
+    echo "== \$(date -u +%FT%TZ), \$left trials to go" >> \$out/search-\$1.txt
     timeout 7200 python3 -m budgettune search \$w --max-mem \${2}B --margin \$3 \\
         --trials \$left --reverify 2 --offload-every 0,1,2 --block-ac-policies full,op,op_offload \\
         --storage sqlite:///\$db --study offload33-\$1 \\
-        --runs-dir \$state/runs-\$1 --output \$out/pin-\$1.json > \$out/search-\$1.txt 2>&1
+        --runs-dir \$state/runs-\$1 --output \$out/pin-\$1.json >> \$out/search-\$1.txt 2>&1
     echo "search \$1 exit \$?, \$(date -u +%FT%TZ)"
     python3 -m budgettune show --storage sqlite:///\$db --study offload33-\$1 \\
         > \$out/show-\$1.txt 2>&1
 }
-[ -f \$out/pin-hi.json ] || on_gpu search hi \$hi 0.03
-[ -f \$out/pin-lo.json ] || on_gpu search lo \$lo 0
+on_gpu search hi \$hi 0.03
+on_gpu search lo \$lo 0
 step_done
 job() {  # job LEVEL: the pin applied in a fresh training process with the README's lines
     echo "== pin \$1 in a fresh job on GPU \$CUDA_VISIBLE_DEVICES, \$(date -u +%FT%TZ)"
