@@ -129,13 +129,9 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
     """
     check_spec_supported(spec, device.type)
     model = workload.model
-    model_changes: tuple[str, ...] = ()
-    offload = None
-    if spec.block_ac_every or spec.offload_every:
-        blocks = repeated_blocks(spec, model, workload.blocks, "Workload(blocks=model.layers)")
-        model_changes = turn_off_kv_cache(model)
-        apply_block_ac(blocks, spec.block_ac_every, spec.block_ac_policy)
-        offload = apply_offload(model, blocks, spec, device.type)
+    model_changes, offload = apply_to_blocks(
+        model, spec, workload.blocks, device.type, how="Workload(blocks=model.layers)"
+    )
     optimizer = build_optimizer(workload, spec, model.parameters())
     compiled = model if offload is not None else compile_model(model, spec)
     return PreparedStep(
@@ -225,14 +221,36 @@ def prepare_model(
     device_type = next((p.device.type for p in model.parameters()), "cpu")
     check_spec_supported(spec, device_type)
     apply_model_changes(model, model_changes)
-    if spec.block_ac_every or spec.offload_every:
-        found = repeated_blocks(spec, model, blocks, "blocks=model.layers")
-        # What was measured is what runs: the trial turned a transformers model's cache off
-        # (a pin written before model changes were recorded is covered by the same rule).
-        turn_off_kv_cache(model)
-        apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
-        return apply_offload(model, found, spec, device_type)
-    return None
+    # What was measured is what runs: the trial turned a transformers model's cache off
+    # (a pin written before model changes were recorded is covered by the same rule).
+    _, offload = apply_to_blocks(model, spec, blocks, device_type, how="blocks=model.layers")
+    return offload
+
+
+def apply_to_blocks(
+    model: nn.Module,
+    spec: TrialSpec,
+    blocks: Sequence[nn.Module] | None,
+    device_type: str,
+    *,
+    how: str,
+) -> tuple[tuple[str, ...], ActivationOffload | None]:
+    """Block AC, then offload, on the repeated blocks (``blocks``, else those found), with
+    the KV cache of any transformers model inside turned off; nothing when both knobs are off.
+    Shared by the trial (`prepare`) and the job (`prepare_model`).
+
+    Returns:
+        The model changes made (``use_cache=False``) and the offload hooks (None: no offload).
+
+    Raises:
+        SpecError: no repeated blocks (the message says ``how`` to name them).
+    """
+    if not (spec.block_ac_every or spec.offload_every):
+        return (), None
+    found = repeated_blocks(spec, model, blocks, how)
+    changes = turn_off_kv_cache(model)
+    apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
+    return changes, apply_offload(model, found, spec, device_type)
 
 
 def repeated_blocks(
