@@ -58,8 +58,9 @@ def test_a_search_with_offload_pins_its_figures_and_the_host_limit_keeps_it_out(
 
 
 def test_the_gpu_study_where_nothing_fit_resumes_with_the_offload_point(tmp_path: Path) -> None:
-    """The H100 study 1 % under full block AC (benchmarks/results/offload33, torch 2.11): 12
-    trials, offload never drawn, exit 3. Resumed with 6 more trials (fewer than the opening
+    """The H100 study 1 % under full block AC (benchmarks/results/offload33, torch 2.11) as it
+    stood after its first 12 trials (tests/data/offload33-lo-12-trials.db): offload never drawn,
+    exit 3. Resumed with 6 more trials (fewer than the opening
     needs, but the study's target is 18), its next trial is full block AC with offload on every
     block, at the knobs the study settled."""
     import shutil
@@ -71,7 +72,7 @@ def test_the_gpu_study_where_nothing_fit_resumes_with_the_offload_point(tmp_path
     from budgettune.storage.user_attrs import TARGET_ATTR
 
     db = tmp_path / "lo.db"
-    shutil.copy(Path(__file__).parents[2] / "benchmarks/results/offload33/offload33-lo.db", db)
+    shutil.copy(Path(__file__).parents[1] / "data/offload33-lo-12-trials.db", db)
     url = f"sqlite:///{db}"
     study = optuna.load_study(study_name="offload33-lo", storage=url)
     study.set_user_attr(TARGET_ATTR, 18)  # as `search --trials 6` sets it before any trial
