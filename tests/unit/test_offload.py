@@ -103,3 +103,48 @@ def test_compiled_offload_settings_are_found_by_feature() -> None:
     found = compiled_offload_settings()
     assert found["enable_activation_offloading"] is True  # torch 2.13 on this machine
     assert set(found) >= {"activation_reload_prefetch", "activation_offload_cpu_gpu_bw"}
+
+
+class _Event:
+    """A copy's event as `InFlight` sees it: done or not."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_in_flight_drops_a_device_tensor_only_once_its_copy_is_done_or_waited_for() -> None:
+    """The device copy of an offloaded tensor stays alive while its transfer may still read it,
+    and no longer: a finished copy lets it go at the next offload; past the limit the compute
+    stream waits for the oldest copy (never the host) and it goes; the backward settles all."""
+    from budgettune.trial.offload import InFlight
+
+    waited: list[_Event] = []
+    in_flight = InFlight(2, waited.append)
+    first, second, third = _Event(), _Event(), _Event()
+    in_flight.add("t1", first)
+    in_flight.add("t2", second)
+    assert len(in_flight) == 2 and waited == []
+    in_flight.add("t3", third)  # over the limit: the oldest copy is waited for, then dropped
+    assert waited == [first] and len(in_flight) == 2
+    second.done = True
+    in_flight.drop_done()
+    assert len(in_flight) == 1 and waited == [first]  # done: dropped without a wait
+    in_flight.settle()
+    assert waited == [first, third] and len(in_flight) == 0
+    with pytest.raises(SpecError, match="max_in_flight"):
+        InFlight(0, waited.append)
+
+
+def test_offload_no_longer_uses_record_stream() -> None:
+    """record_stream kept offloaded memory from reuse until the allocator saw the copy end: on
+    an H200 it raised the device peak above no offload at all (benchmarks/results/offload33).
+    The hooks keep the tensor in `InFlight` instead."""
+    import inspect
+
+    from budgettune.trial import offload
+
+    assert "record_stream(" not in inspect.getsource(offload.ActivationOffload.pack)
+    assert "in_flight.add(" in inspect.getsource(offload.ActivationOffload.pack)
