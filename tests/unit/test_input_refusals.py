@@ -165,7 +165,7 @@ def test_a_worker_refuses_a_study_name_that_leaves_the_runs_folder(workdir: Path
 def test_study_names_are_checked_and_default_names_always_pass() -> None:
     for good in ("tiny-gpt-cpu-125MB-device", "llama_1b.v2", "_x", "9"):
         check_study_name(good)
-    for bad in ("", "..", ".hidden", "-x", "a b", "a/b", "a\\b", "x" * 201, "a`b", 3):
+    for bad in ("", "..", ".hidden", "-x", "a b", "a/b", "a\\b", "x" * 201, "a`b", "abc\n", 3):
         with pytest.raises(UsageError, match="not a study name: use 1 to 200 letters"):
             check_study_name(bad)
     odd = {"source": "../a b/`x`", "tag": "<b>", "lr": 1e-05}

@@ -94,3 +94,29 @@ def test_a_foreign_postgresql_database_is_refused_too(pg_url: str) -> None:
             "select table_name from information_schema.tables where table_schema = 'public'"
         ).fetchall()
     assert tables == [("invoices",)]
+
+
+@pytest.mark.parametrize(
+    "create",
+    [
+        "create table studies (id integer, title text)",  # a common name, not Optuna's table
+        "create table version_info (version text)",
+        "create table budgettune_alembic_version_not (x text); create table bt_like (x text)",
+    ],
+)
+def test_a_foreign_table_with_optunas_or_our_names_is_still_foreign(
+    tmp_path: Path, create: str
+) -> None:
+    """Optuna's tables are told by their columns, ours by our version table: another
+    program's `studies` or `version_info` table is not a reason to add tables to its file."""
+    db = tmp_path / "theirs.db"
+    with sqlite3.connect(db) as connection:
+        connection.executescript(create)
+    connection.close()
+    before = db.read_bytes()
+    with pytest.raises(ForeignDatabaseError, match="another program's database"):
+        storage.upgrade(str(db))
+    with pytest.raises(ForeignDatabaseError, match="another program's database"):
+        storage.open_storage(str(db))
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]

@@ -272,7 +272,7 @@ def check_study_name(name: object, *, what: str = "--study") -> None:
     Raises:
         UsageError: naming the allowed characters.
     """
-    if not isinstance(name, str) or not STUDY_NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not STUDY_NAME_PATTERN.fullmatch(name):
         raise UsageError(f"{what} {name!r} is not a study name: use {STUDY_NAME_RULE}")
 
 

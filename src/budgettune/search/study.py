@@ -108,7 +108,7 @@ def default_study_name(
     ranks = f"-x{nproc_per_node}" if nproc_per_node > 1 else ""
     full = f"{name}{extra}-{device.split(':')[0]}-{max_mem_bytes / 1e6:.0f}MB-{metric}{ranks}"
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", full).lstrip(".-") or "study"
-    if STUDY_NAME_PATTERN.match(safe):
+    if STUDY_NAME_PATTERN.fullmatch(safe):
         return safe
     digest = hashlib.sha256(full.encode()).hexdigest()[:10]
     return f"{safe[:180]}-{digest}"

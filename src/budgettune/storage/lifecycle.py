@@ -189,10 +189,10 @@ def _refuse_foreign(engine: Engine, shown: str) -> None:
     """
     with engine.connect() as connection:
         inspector = sqlalchemy.inspect(connection)
-        names = set(inspector.get_table_names()) | set(inspector.get_view_names())
-    known = {OPTUNA_STUDIES_TABLE, OPTUNA_VERSION_TABLE, migrations.VERSION_TABLE}
-    if not names or names & known or any(name.startswith("bt_") for name in names):
-        return
+        tables = set(inspector.get_table_names())
+        names = tables | set(inspector.get_view_names())
+        if not names or migrations.VERSION_TABLE in tables or _optuna_layout(inspector, tables):
+            return
     found = sorted(names)
     listed = ", ".join(found[:_FOREIGN_NAMES_SHOWN])
     more = (
@@ -205,6 +205,24 @@ def _refuse_foreign(engine: Engine, shown: str) -> None:
         "nor budgettune's tables); budgettune adds its tables only to an empty database or "
         "its own: give a new file or an empty database"
     )
+
+
+_OPTUNA_COLUMNS = {
+    OPTUNA_STUDIES_TABLE: {"study_id", "study_name"},
+    OPTUNA_VERSION_TABLE: {"schema_version", "library_version"},
+}
+"""Columns of Optuna's own tables that tell them from another program's ``studies`` or
+``version_info`` (common names)."""
+
+
+def _optuna_layout(inspector: Any, tables: set[str]) -> bool:
+    """Whether the database holds Optuna's tables, by name and columns."""
+    for table, columns in _OPTUNA_COLUMNS.items():
+        if table not in tables:
+            return False
+        if not columns <= {column["name"] for column in inspector.get_columns(table)}:
+            return False
+    return True
 
 
 def _table_names(engine: Engine) -> set[str]:
