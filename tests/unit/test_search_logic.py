@@ -381,3 +381,44 @@ def test_the_progress_line_shows_the_peak_the_limit_is_on(metric, shown, hidden)
     line = next(x for x in captured.get().splitlines() if x.startswith("trial 2:"))
     assert line.startswith(f"trial 2: ok {shown}, 62.9 ms budget 0.50"), line
     assert hidden not in line
+
+
+@pytest.mark.parametrize("has_widgets", [False, True])
+def test_in_a_notebook_without_ipywidgets_the_bar_is_left_out_and_trial_lines_stay(
+    monkeypatch: pytest.MonkeyPatch, has_widgets: bool
+) -> None:
+    """Issue 32: `budgettune.search` from a notebook. rich's live bar needs ipywidgets there;
+    without it rich only warns, so the bar is off and each finished trial's line is printed."""
+    import importlib.util
+    import io
+
+    from rich.console import Console
+    from storage_samples import ok_result
+
+    from budgettune.cli import progress as progress_module
+    from budgettune.search.study import TrialEvent
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        if name == "ipywidgets":
+            return object() if has_widgets else None
+        return real_find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    notebook = Console(file=io.StringIO(), force_jupyter=True, width=120)
+    assert notebook.is_jupyter
+    terminal = Console(file=io.StringIO(), force_jupyter=False)
+    assert progress_module.live_bar_possible(terminal)
+    assert progress_module.live_bar_possible(notebook) is has_widgets
+    shown = progress_module.SearchProgress(console=notebook)
+    assert shown.progress.disable is not has_widgets
+    if not has_widgets:
+        event = TrialEvent(
+            number=0, done=1, total=2, spec=TrialSpec(), result=ok_result(), best_ms=10.0,
+            fits=True, mem_metric="device",
+        )  # fmt: skip
+        with notebook.capture() as captured, shown:
+            shown.started("s", 2)
+            shown.trial_done(event)
+        assert "trial 0: ok" in captured.get()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.text import Text
 
 from budgettune.cli.app import stderr
@@ -13,10 +14,12 @@ from budgettune.units import format_bytes
 class SearchProgress:
     """A rich progress bar on stderr: trial n/N, best feasible so far, ETA (a SearchObserver).
 
-    It appears once the storage and study are open, so a bad input leaves one line only.
+    It appears once the storage and study are open, so a bad input leaves one line only. In a
+    notebook without ``ipywidgets`` (rich's live display needs it there) the bar is left out
+    and the per-trial lines are the progress.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, console: Console = stderr) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -34,8 +37,9 @@ class SearchProgress:
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
-            console=stderr,
+            console=console,
             transient=False,
+            disable=not live_bar_possible(console),
         )
         self.task: Any = None
 
@@ -79,3 +83,13 @@ class SearchProgress:
     def trials_finished(self, done: int, best_ms: float | None) -> None:
         best = f"{best_ms:.2f} ms" if best_ms is not None else "-"
         self.progress.update(self.task, completed=done, best=best)
+
+
+def live_bar_possible(console: Console) -> bool:
+    """Whether rich can draw a live bar on ``console``: anywhere but a notebook that lacks
+    ``ipywidgets`` (there rich only warns "install ipywidgets for Jupyter support")."""
+    if not console.is_jupyter:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec("ipywidgets") is not None
