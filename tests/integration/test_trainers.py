@@ -103,6 +103,31 @@ def test_a_transformers_trainer_trains_with_the_pin_applied(tmp_path: Path) -> N
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
 
 
+@pytest.mark.parametrize("changes", [["use_cache=False"], []])
+def test_a_trainers_kv_cache_follows_the_pins_model_changes_alone(
+    tmp_path: Path, changes: list[str]
+) -> None:
+    """A budget-only pin (no block AC, which turns the cache off by itself): the cache is off
+    in the Trainer's model exactly when the pin records that the trial turned it off. The
+    Trainer sets ``config.use_cache`` from its arguments after its callbacks' ``on_init_end``
+    (transformers 5.2x); the test sets it on there, as ``TrainingArguments(use_cache=True)``
+    would, and the callback turns it off again at train begin."""
+    from budgettune.integrations.transformers import PinCallback
+
+    example = _example("hf_trainer")
+    spec = TrialSpec(
+        activation_memory_budget=0.5, compile_backend="aot_eager_decomp_partition",
+        optimizer_impl="foreach",
+    )  # fmt: skip
+    pin = write_pin(tmp_path / "best.json", _doc(spec, model_changes=changes))
+    trainer = example.make_trainer(str(tmp_path / "out"), callbacks=[PinCallback(pin)], steps=1)
+    trainer.model.config.use_cache = True
+    trainer.train()
+    layers = trainer.model.model.layers
+    assert not any(is_checkpointed(block) for block in layers)
+    assert trainer.model.config.use_cache is (not changes)
+
+
 def test_a_lightning_trainer_fits_with_the_pin_applied(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
     example = _example("lightning_with_pin")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from budgettune.pinning import PinnedConfig, StalePinWarning, load_pinned
 from budgettune.trial.allocator import AllocatorApplied
+from budgettune.trial.hf_cache import apply_model_changes
 from budgettune.trial.scoped_forward import ScopedForward, scoped_forward_of
 
 if TYPE_CHECKING:
@@ -88,6 +89,9 @@ class TrainerPin:
             PinnedConfigError: a pin measured sharded.
         """
         if not self._first_time(model):
+            # again at train begin: transformers' Trainer sets config.use_cache from its
+            # arguments after its callbacks' on_init_end, undoing the trial's model changes
+            apply_model_changes(model, self.pinned.model_changes)
             return
         self.pinned.compile(model, in_place=True)
         state = scoped_forward_of(model)
