@@ -348,3 +348,34 @@ def test_aggressive_recomputation_saves_less_for_backward() -> None:
     _, default_bytes = saved_stats()
     _, aggressive_bytes = saved_stats(aggressive_recomputation=True)
     assert aggressive_bytes < default_bytes
+
+
+def test_the_op_policy_is_torchtitans_selective_ac() -> None:
+    """Issue 31: the op policy follows torchtitan's SelectiveAC at TORCHTITAN_COMMIT: it saves
+    linear, mm, addmm, bmm, topk and max outputs and a CUDA-to-CPU copy, recomputes every second
+    mm or linear (forward and recompute counted apart) and everything else."""
+    import types
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from budgettune.trial.block_ac import _torchtitan_op_policy, torchtitan_save_ops
+
+    aten = torch.ops.aten
+    save = torchtitan_save_ops()
+    for op in (aten.linear.default, aten.mm.default, aten.addmm.default, aten.bmm.default,
+               aten.topk.default, aten.max.default):  # fmt: skip
+        assert op in save, op
+    assert aten.gelu.default not in save and aten.add.Tensor not in save
+    policy = _torchtitan_op_policy()
+    forward = types.SimpleNamespace(is_recompute=False)
+    recompute = types.SimpleNamespace(is_recompute=True)
+    x = torch.zeros(2)
+    mm = [policy(forward, aten.mm.default, x) for _ in range(4)]
+    assert mm == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
+    # the recompute counts its own mms: its first is saved-as-forward again
+    assert policy(recompute, aten.linear.default, x) == CheckpointPolicy.MUST_SAVE
+    assert policy(forward, aten.bmm.default, x) == CheckpointPolicy.MUST_SAVE  # not counted
+    assert policy(forward, aten.gelu.default, x) == CheckpointPolicy.PREFER_RECOMPUTE
+    to_host = policy(forward, aten._to_copy.default, types.SimpleNamespace(device="cuda:0"),
+                     device="cpu")  # fmt: skip
+    assert to_host == CheckpointPolicy.MUST_SAVE

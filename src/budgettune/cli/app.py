@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.text import Text
 
 from budgettune.errors import BudgettuneError, UsageError
+from budgettune.search.spec import DEFAULT_RUNS_DIR
 from budgettune.trial.processes import Terminated, sigterm_raises
 
 EXIT_CODES_HELP = (
@@ -173,4 +174,4 @@ def default_run_dir(kind: str) -> Path:
     import datetime
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    return Path("budgettune-runs") / f"{kind}-{stamp}"
+    return Path(DEFAULT_RUNS_DIR) / f"{kind}-{stamp}"

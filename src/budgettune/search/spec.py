@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.search.space import SearchSpace
+from budgettune.trial.launcher import DEFAULT_TIMEOUT_S
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
@@ -24,9 +25,10 @@ MemMetric = Literal["device", "reserved", "allocated"]
 MEM_METRIC_CHOICES: tuple[str, ...] = get_args(MemMetric)
 DEFAULT_WORKLOAD = "builtin:tiny-gpt"
 """The workload of a search that names none."""
-DEFAULT_TRIAL_TIMEOUT_S = 900.0
+DEFAULT_TRIAL_TIMEOUT_S = DEFAULT_TIMEOUT_S
 """Wall-clock limit of one trial process (a search's, `budgettune trial`'s, `verify`'s)."""
-"""The workload of a search that names none."""
+DEFAULT_RUNS_DIR = "budgettune-runs"
+"""Where trial folders go, under the working directory, when no --runs-dir is given."""
 MIN_LIMIT_BYTES = 2**20
 """A limit below this (1 MiB) is a number written without its unit (``max_mem = 120``)."""
 MAX_LIMIT_BYTES = 2**63 - 1
@@ -76,7 +78,7 @@ class SearchSpec:
     """The pin's worst re-measured peak times (1 + margin) must stay under the limit."""
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     """Wall-clock limit of one trial process."""
-    runs_dir: str = "budgettune-runs"
+    runs_dir: str = DEFAULT_RUNS_DIR
     """Where trial specs, results, logs and compile caches go."""
     compile_cache: bool = True
     """Reuse compiled code between trials of the same partition variant."""

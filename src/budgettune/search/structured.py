@@ -253,8 +253,8 @@ def _offload_point(
     block it can (`offload_every` at its smallest stride): the other way to fit it.
 
     Where even full block AC on every block is over the limit, only offload can fit, and a
-    sampler spread over the space rarely draws it before the trials run out (H100,
-    2026-11-26: 12 trials, offload never drawn, exit 3); where a sparser stride is over, its
+    sampler spread over the space rarely draws it before the trials run out
+    (benchmarks/results/README.md#offload-point); where a sparser stride is over, its
     offloading may cost less time than the next stride's recompute.
     """
     knob = KNOB_BY_NAME["offload_every"]

@@ -43,6 +43,7 @@ SPEC_FILE = "SPEC.json"
 RESULT_FILE = "RESULT.json"
 LOG_FILE = "trial.log"
 DEFAULT_TIMEOUT_S = 900.0
+"""A trial process's wall-clock limit when none is given (`SearchSpec`'s default too)."""
 
 
 _CHECK_OPS = """

@@ -32,8 +32,7 @@ DEFAULT_ADDABLE_OPS_CUDA = (
     "aten._scaled_dot_product_efficient_attention",
     "aten._scaled_dot_product_cudnn_attention",
 )
-"""Compute-intensive ops worth putting into it (at budget 1.0 on a CPU tiny GPT, adding
-mm/addmm/attention cut the peak 149 -> 92 MB)."""
+"""Compute-intensive ops worth putting into it (benchmarks/results/README.md#addable-ops)."""
 DEFAULT_ADDABLE_OPS_CPU = (
     "aten.mm",
     "aten.addmm",

@@ -154,7 +154,8 @@ def interrupts_kept() -> Iterator[None]:
 
     With a ``preexec_fn``, CPython runs its at-fork hooks in the parent (logging's lock release
     among them), and a KeyboardInterrupt raised inside one is printed as "Exception ignored"
-    and dropped: an interrupted search then ran on to its pin (seen in CI, 2026-11-25). Here
+    and dropped: an interrupted search then ran on to its pin
+    (benchmarks/results/README.md#interrupt-at-fork). Here
     the signal is also remembered, and raised again on the way out if it was swallowed. Only
     in the main thread (where Python runs signal handlers), and only while the signal raises.
     """
