@@ -277,3 +277,24 @@ def test_a_space_stored_before_a_knob_existed_tries_only_its_default() -> None:
             assert values == k.space_default  # stored by every budgettune: today's default
         else:  # a knob added since: an old study goes on as it was measured
             assert values == (() if k.sampled == "subset" else (k.default,))
+
+
+def test_the_readmes_knob_table_lists_every_knob_as_it_is_defined() -> None:
+    """The README's knob table is written by hand: each searched knob has its row, with its
+    `trial` flag and its list's name in a search as the definition gives them."""
+    import re
+    from pathlib import Path
+
+    from budgettune.trial.spec import KNOB_BY_NAME
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"`[a-z_]+`", cells[0]):
+            rows[cells[0].strip("`")] = cells
+    knobs = {name: knob for name, knob in KNOB_BY_NAME.items() if knob.plural}
+    assert set(rows) == set(knobs)
+    for name, knob in knobs.items():
+        assert rows[name][2].startswith(f"`{knob.flag}`"), (name, rows[name][2])
+        assert rows[name][3].startswith(f"`{knob.plural}`"), (name, rows[name][3])

@@ -21,6 +21,7 @@ from budgettune.cli.app import (
 from budgettune.cli.knob_options import search_parameters, space_values, with_knob_options
 from budgettune.cli.progress import SearchProgress
 from budgettune.errors import UsageError
+from budgettune.search.spec import SEARCH_DEFAULTS
 
 
 def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -> list[Any] | None:
@@ -75,7 +76,8 @@ def search(
         typer.Option(
             "--num-trials",
             "--trials",
-            help="Trials to add to the study (default 20; a new study's first ones are budget "
+            help=f"Trials to add to the study (default {SEARCH_DEFAULTS['num_trials']}; a new "
+            "study's first ones are budget "
             "1.0, full block AC, budget 0.5, and budget 0.8 from 10 trials on where the budget "
             "range holds it, with fused AdamW and expandable segments where those are "
             "searched; from 8 trials on, full block AC with each of those flipped, the winner "
@@ -105,7 +107,8 @@ def search(
     top_k: Annotated[
         int | None,
         typer.Option(
-            help="Fastest fitting configurations re-verified together (default 3); if none "
+            help="Fastest fitting configurations re-verified together (default "
+            f"{SEARCH_DEFAULTS['top_k']}); if none "
             "holds, the next ones are re-verified one by one, up to 8 in all, before exit 3."
         ),
     ] = None,
@@ -120,7 +123,8 @@ def search(
         typer.Option(
             help="Safety margin: a configuration fits when its peak x (1 + margin) is within "
             "--max-mem, for the search, the re-verification and the pin alike. It absorbs "
-            "run-to-run variation of the peak; 0.01-0.05 is sensible (default 0.03)."
+            "run-to-run variation of the peak; 0.01-0.05 is sensible (default "
+            f"{SEARCH_DEFAULTS['margin']})."
         ),
     ] = None,
     trial_timeout_s: Annotated[
@@ -159,7 +163,8 @@ def search(
         typer.Option(
             "--collective-timeout-s",
             "--collective-timeout",
-            help="Seconds a rank's collective may wait before it fails (default 300).",
+            help="Seconds a rank's collective may wait before it fails (default "
+            f"{SEARCH_DEFAULTS['collective_timeout_s']:g}).",
         ),
     ] = None,
     output: Annotated[
