@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from budgettune.pinning import PinDocument, phase_advice
 from budgettune.present.tables import moved_text
 from budgettune.storage.trials import is_feasible, record_of
+from budgettune.storage.user_attrs import StudyLimit
 from budgettune.trial.results import TrialOutcome
 from budgettune.units import format_bytes, format_percent
 
@@ -247,9 +248,8 @@ def study_note(
 ) -> str:
     """The study note (Markdown): the workload and limit, trial counts, and the current pin
     with its peak against the limit, step time, slowdown and the optimizer-phase advice."""
-    metric = search.get("mem_metric", "device")
-    limit = int(search.get("max_mem_bytes", 0))
-    margin = float(search.get("margin", 0.0))
+    study_limit = StudyLimit.of(search)
+    metric, limit, margin = study_limit.mem_metric, study_limit.max_mem_bytes, study_limit.margin
     counts = {kind: sum(p.kind == kind for p in points) for kind in (FEASIBLE, INFEASIBLE, OOM)}
     lines = [
         f"## budgettune: {markdown_text(study_name)}",

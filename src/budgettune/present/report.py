@@ -25,7 +25,13 @@ from budgettune.storage.trials import (
     record_of,
     unconstrained_baseline,
 )
-from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, SPEC_ATTR
+from budgettune.storage.user_attrs import (
+    EXCLUDED_ATTR,
+    SEARCH_ATTR,
+    SETTLED_ATTR,
+    SPEC_ATTR,
+    StudyLimit,
+)
 from budgettune.trial.spec import TrialSpec
 
 
@@ -218,10 +224,9 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     store = storage_mod.open_storage(storage_url, create=False)
     name = resolve_study_name(store, study_name)
     study = optuna.load_study(study_name=name, storage=store.optuna_storage)
-    search = study.user_attrs.get("search", {})
-    metric = search.get("mem_metric", "device")
-    limit = int(search.get("max_mem_bytes", 0))
-    margin = float(search.get("margin", 0.0))
+    search = study.user_attrs.get(SEARCH_ATTR, {})
+    study_limit = StudyLimit.of(search)
+    metric, limit, margin = study_limit.mem_metric, study_limit.max_mem_bytes, study_limit.margin
     trials = study.get_trials(deepcopy=False)
     status = baseline_status(trials, limit_bytes=limit, mem_metric=metric, margin=margin)
     full_ac = full_ac_step_ms(trials) if status != "ok" else None

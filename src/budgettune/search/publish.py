@@ -22,7 +22,7 @@ from budgettune.present.dashboard_views import (
     trial_points,
 )
 from budgettune.storage.trials import record_of
-from budgettune.storage.user_attrs import SEARCH_ATTR
+from budgettune.storage.user_attrs import SEARCH_ATTR, StudyLimit
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
     except KeyError:
         raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
     search = study.user_attrs.get(SEARCH_ATTR, {})
-    metric = search.get("mem_metric", "device")
+    study_limit = StudyLimit.of(search)
+    metric = study_limit.mem_metric
     trials = study.get_trials(deepcopy=False)
     points = trial_points(trials, metric)
     num_failed = sum(
@@ -73,7 +74,7 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
     stored = storage.latest_pin(study_name)
     pin = None if stored is None else PinDocument.from_json_dict(stored)
     figure = memory_time_figure(
-        points, limit_bytes=int(search.get("max_mem_bytes", 0)), mem_metric=metric, pin=pin
+        points, limit_bytes=study_limit.max_mem_bytes, mem_metric=metric, pin=pin
     )
     note = study_note(
         study_name=study_name, search=search, points=points, num_failed=num_failed, pin=pin
