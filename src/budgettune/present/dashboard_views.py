@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 
 from budgettune.pinning import PinDocument, phase_advice
 from budgettune.present.tables import moved_text
+from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import is_feasible, record_of
-from budgettune.storage.user_attrs import StudyLimit
 from budgettune.trial.results import TrialOutcome
 from budgettune.units import format_bytes, format_percent
 

@@ -16,6 +16,7 @@ import optuna
 from budgettune import storage as storage_mod
 from budgettune.errors import StudyNotFoundError, UsageError
 from budgettune.pinning import PinDocument, allocator_advice, phase_advice
+from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import (
     baseline_status,
     describe_exclusion,
@@ -30,7 +31,6 @@ from budgettune.storage.user_attrs import (
     SEARCH_ATTR,
     SETTLED_ATTR,
     SPEC_ATTR,
-    StudyLimit,
 )
 from budgettune.trial.spec import TrialSpec
 

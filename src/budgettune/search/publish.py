@@ -21,8 +21,9 @@ from budgettune.present.dashboard_views import (
     study_note,
     trial_points,
 )
+from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import record_of
-from budgettune.storage.user_attrs import SEARCH_ATTR, StudyLimit
+from budgettune.storage.user_attrs import SEARCH_ATTR
 
 logger = logging.getLogger(__name__)
 

@@ -265,3 +265,24 @@ def stored_measurement(
         workload_fingerprint=None if workload is None else stored_workload(workload).fingerprint(),
         created_at=as_utc(row.created_at),
     )
+
+
+@dataclass(frozen=True)
+class StudyLimit:
+    """The limit a study searches under, as its ``search`` user attr
+    (`user_attrs.SEARCH_ATTR`) records it: the one reading of those keys for `show`, the
+    dashboard and the study note."""
+
+    mem_metric: str = "device"
+    max_mem_bytes: int = 0
+    margin: float = 0.0
+
+    @classmethod
+    def of(cls, search: Mapping[str, Any] | None) -> StudyLimit:
+        """From a study's ``search`` attr value (missing keys: no limit recorded)."""
+        search = search or {}
+        return cls(
+            mem_metric=str(search.get("mem_metric", "device")),
+            max_mem_bytes=int(search.get("max_mem_bytes", 0)),
+            margin=float(search.get("margin", 0.0)),
+        )

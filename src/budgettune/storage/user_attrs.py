@@ -24,26 +24,6 @@ SEARCH_ATTR = "search"
 """Study user attr: what must stay the same when the study is resumed (`search.study_attrs`)."""
 
 
-@dataclass(frozen=True)
-class StudyLimit:
-    """The limit a study searches under, as its `SEARCH_ATTR` records it (the one reading of
-    those keys for `show`, the dashboard and the study note)."""
-
-    mem_metric: str = "device"
-    max_mem_bytes: int = 0
-    margin: float = 0.0
-
-    @classmethod
-    def of(cls, search: Mapping[str, Any] | None) -> StudyLimit:
-        """From a study's `SEARCH_ATTR` value (missing keys: no limit recorded)."""
-        search = search or {}
-        return cls(
-            mem_metric=str(search.get("mem_metric", "device")),
-            max_mem_bytes=int(search.get("max_mem_bytes", 0)),
-            margin=float(search.get("margin", 0.0)),
-        )
-
-
 SPEC_ATTR = "search_spec"
 """Study user attr: the whole `SearchSpec` (JSON, no storage URL), read by workers."""
 HEARTBEAT_ATTR = "heartbeat_s"
