@@ -12,13 +12,12 @@ allocated peak fell by 36 % (benchmarks/results/offload33). At most ``max_in_fli
 copies run at once; past that the compute stream waits for the oldest, so the forward runs at
 the copy engine's pace rather than filling the device with tensors waiting to leave. The copy
 back is issued on the compute stream after the transfer's event, non-blocking from pinned
-memory. The host copy
-has the device tensor's strides (inductor's backward checks the strides of what it saved), so
-only tensors that are non-overlapping and dense move; a view into a larger tensor (attention's
-q, k, v of one projection) stays, as do parameters, views of them, the model's own tensors
-(`ActivationOffload.keep`: its parameters and buffers) and tensors under ``min_bytes``. A
-`HostLedger` counts the host bytes held, for the trial's host-memory peak (host memory is finite
-too, and the ranks of a host share it).
+memory. The host copy has the device tensor's strides (inductor's backward checks the strides
+of what it saved), so only tensors that are non-overlapping and dense move; a view into a
+larger tensor (attention's q, k, v of one projection) stays, as do parameters, views of them,
+the model's own tensors (`ActivationOffload.keep`: its parameters and buffers) and tensors
+under ``min_bytes``. A `HostLedger` counts the host bytes held, for the trial's host-memory
+peak (host memory is finite too, and the ranks of a host share it).
 
 torch is imported at call time.
 """
