@@ -26,12 +26,7 @@ from budgettune.storage.trials import (
     record_of,
     unconstrained_baseline,
 )
-from budgettune.storage.user_attrs import (
-    EXCLUDED_ATTR,
-    SEARCH_ATTR,
-    SETTLED_ATTR,
-    SPEC_ATTR,
-)
+from budgettune.storage.user_attrs import EXCLUDED_ATTR, SEARCH_ATTR, SETTLED_ATTR, SPEC_ATTR
 from budgettune.trial.spec import TrialSpec
 
 

@@ -12,10 +12,10 @@ from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.search.space import SearchSpace
-from budgettune.trial.launcher import DEFAULT_TIMEOUT_S
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_TRIAL_TIMEOUT_S,
     DEVICE_PATTERN,
     TrialRun,
     check_world,
@@ -25,8 +25,6 @@ MemMetric = Literal["device", "reserved", "allocated"]
 MEM_METRIC_CHOICES: tuple[str, ...] = get_args(MemMetric)
 DEFAULT_WORKLOAD = "builtin:tiny-gpt"
 """The workload of a search that names none."""
-DEFAULT_TRIAL_TIMEOUT_S = DEFAULT_TIMEOUT_S
-"""Wall-clock limit of one trial process (a search's, `budgettune trial`'s, `verify`'s)."""
 DEFAULT_RUNS_DIR = "budgettune-runs"
 """Where trial folders go, under the working directory, when no --runs-dir is given."""
 MIN_LIMIT_BYTES = 2**20

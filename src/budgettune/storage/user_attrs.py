@@ -22,8 +22,6 @@ from budgettune.trial.spec import TrialSpec
 # -- study user attrs -------------------------------------------------------------------------
 SEARCH_ATTR = "search"
 """Study user attr: what must stay the same when the study is resumed (`search.study_attrs`)."""
-
-
 SPEC_ATTR = "search_spec"
 """Study user attr: the whole `SearchSpec` (JSON, no storage URL), read by workers."""
 HEARTBEAT_ATTR = "heartbeat_s"

@@ -35,15 +35,13 @@ from budgettune.trial.results import (
     write_result_atomically,
 )
 from budgettune.trial.torchrun import torchrun_command
-from budgettune.trial.trial_run import TrialRun
+from budgettune.trial.trial_run import DEFAULT_TRIAL_TIMEOUT_S, TrialRun
 
 logger = logging.getLogger(__name__)
 
 SPEC_FILE = "SPEC.json"
 RESULT_FILE = "RESULT.json"
 LOG_FILE = "trial.log"
-DEFAULT_TIMEOUT_S = 900.0
-"""A trial process's wall-clock limit when none is given (`SearchSpec`'s default too)."""
 
 
 _CHECK_OPS = """
@@ -97,7 +95,7 @@ def launch_trial(
     run: TrialRun,
     *,
     run_dir: str | os.PathLike[str],
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     extra_env: Mapping[str, str] | None = None,
 ) -> TrialResult:
     """Measure one configuration in a fresh child process.

@@ -13,6 +13,8 @@ from budgettune.trial.spec import TrialSpec
 
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+(,\d+)*)?)$")
 """``cpu``, ``cuda``, ``cuda:N`` or a GPU group ``cuda:0,1`` (one GPU per rank)."""
+DEFAULT_TRIAL_TIMEOUT_S = 900.0
+"""Wall-clock limit of one trial process (a search's, `budgettune trial`'s, `verify`'s)."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 """Process-group timeout of a sharded trial: a collective waiting longer fails the rank (NCCL's
 watchdog aborts it), so a rank that hangs instead of dying cannot hang the trial. Five
