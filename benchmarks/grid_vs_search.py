@@ -26,6 +26,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,21 @@ def _describe(spec: dict[str, Any]) -> str:
     return TrialSpec.from_json_dict(spec).describe()
 
 
+def _await_grid(
+    paths: Sequence[Path], name: str, *, wait_s: float, full: bool
+) -> list[dict[str, Any]]:
+    """The grid records, once the limit's two points (or, ``full``, every point of ``name``'s
+    grid) are there, polling up to ``wait_s`` seconds; what is there after that."""
+    wanted = {c["label"] for c in grid_configs(name)} if full else set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        grid = _read_jsonl(paths)
+        ready = wanted <= {r["label"] for r in grid} and limit_bytes(grid, name) is not None
+        if ready or time.monotonic() >= deadline:
+            return grid
+        time.sleep(10)
+
+
 def _read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return [
         json.loads(line)
@@ -166,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_grid.add_argument("--out", type=Path, required=True)
     p_grid.add_argument("--gpus", default="")
     p_grid.add_argument("--stop-after", type=float, default=480.0)
+    p_grid.add_argument("--claims", type=Path, default=None, help="see reference.py --claims")
     p_search = sub.add_parser("search", help="one seed's search against the grid")
     p_search.add_argument("name", choices=sorted(WORKLOADS))
     p_search.add_argument("--grid", nargs="+", type=Path, required=True)
@@ -174,6 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_search.add_argument("--pins", type=Path, required=True)
     p_search.add_argument("--out", type=Path, required=True)
     p_search.add_argument("--gpus", default="")
+    p_search.add_argument(
+        "--claims",
+        type=Path,
+        default=None,
+        help="folder shared with other GPUs' workers: run only if this search is unclaimed, "
+        "and wait for the grid points that they still measure",
+    )
     p_report = sub.add_parser("report", help="the README's table")
     p_report.add_argument("--records", nargs="+", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -182,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sets = ["grid30-" + args.name]
         argv_ref = ["--out", str(args.out), "--stop-after", str(args.stop_after), "--cache"]
         argv_ref += ["--gpus", args.gpus] if args.gpus else []
+        argv_ref += ["--claims", str(args.claims)] if args.claims else []
         for name in sets:
             argv_ref += ["--set", name]
         return reference.main(argv_ref)
@@ -191,7 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(r["workload"] == args.name and r["seed"] == args.seed for r in _read_jsonl([args.out])):
         print(f"{args.name} seed {args.seed}: recorded in {args.out} already")
         return 0
-    grid = _read_jsonl(args.grid)
+    if args.claims and not reference.claim(args.claims, f"search-{args.name}-s{args.seed}"):
+        print(f"{args.name} seed {args.seed}: claimed by another worker")
+        return 0
+    # Another worker may still be measuring grid points (claimed, not yet written).
+    grid = _await_grid(args.grid, args.name, wait_s=1800.0 if args.claims else 0.0, full=False)
     limit = limit_bytes(grid, args.name)
     if limit is None:
         print(f"grid of {args.name}: full AC or budget 1.0 not measured yet", file=sys.stderr)
@@ -215,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         limit=limit,
         pin=json.loads(pin_path.read_text()),
-        grid=grid,
+        grid=_await_grid(args.grid, args.name, wait_s=1800.0 if args.claims else 0.0, full=True),
     )
     with args.out.open("a") as out:
         out.write(json.dumps(row, sort_keys=True) + "\n")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 30 on one GPU host: for each workload of benchmarks/grid_vs_search.py (gpt2m, llama1b,
-# vit; or those named), its hand grid over every GPU, then one 12-trial search per sampler seed
-# (0, 1, 2), the seeds side by side, one GPU each (round robin when there are fewer GPUs).
+# vit; or those named), its hand grid, then one 12-trial search per sampler seed (0, 1, 2). One
+# worker per GPU takes, workload by workload, the grid points and then the seeds that no other
+# worker has claimed (files in $state/claims), so every GPU stays busy: a GPU done with its
+# share of one workload starts on the next while a search of the first still runs.
 #
 #   bash benchmarks/grid_vs_search_gpu.sh WAIT_S [NAME...]     (device, .whl carried)
 #
@@ -22,6 +24,13 @@ mkdir -p "$state/out/pins"
 
 source benchmarks/device_env.sh || exit 1
 
+# Timings are compared on one kind of card: a host of another kind starts its own folder.
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ -f "$kept/device.txt" ] && ! grep -qF "$gpu_name" "$kept/device.txt"; then
+    kept=$kept-$(echo "$gpu_name" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')
+    echo "$gpu_name is not the card of benchmarks/results/grid30/: resuming from $kept/ (put what comes back there)"
+fi
+
 if bt_needs_driver "$state"; then
     rm -rf "$state/src" && mkdir -p "$state/src" && cp -r benchmarks "$state/src/"
     for f in grid30.jsonl records.jsonl; do
@@ -39,23 +48,27 @@ if bt_needs_driver "$state"; then
 #!/usr/bin/env bash
 cd "$state/src"
 source "$state/env.sh"
+export PYTHONUNBUFFERED=1
 out=$state/out
-IFS=, read -ra gpu <<< "$gpus"
-for name in $names; do
-    echo "== grid \$name, \$(date -u +%FT%TZ)"
-    python3 -m benchmarks.grid_vs_search grid \$name --out \$out/grid30.jsonl --gpus $gpus \\
-        --stop-after 100000 >> \$out/grid-\$name.txt 2>&1
-    i=0
-    for seed in 0 1 2; do
-        g=\${gpu[\$((i % \${#gpu[@]}))]}; i=\$((i + 1))
-        echo "== search \$name seed \$seed on GPU \$g, \$(date -u +%FT%TZ)"
-        python3 -m benchmarks.grid_vs_search search \$name --grid \$out/grid30.jsonl \\
-            --seed \$seed --storage sqlite:///$state/grid30-\$name-s\$seed.db --pins \$out/pins \\
-            --out \$out/records.jsonl --gpus \$g > \$out/search-\$name-s\$seed.txt 2>&1 &
-        [ \$i -ge \${#gpu[@]} ] && { wait; i=0; }
+claims=$state/claims
+worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds
+    local g=\$1
+    for name in $names; do
+        python3 -m benchmarks.grid_vs_search grid \$name --out \$out/grid30.jsonl --gpus \$g \
+            --claims \$claims --stop-after 100000 >> \$out/grid-\$name-gpu\$g.txt 2>&1
+        for seed in 0 1 2; do
+            [ -e \$claims/search-\$name-s\$seed ] && continue
+            echo "== GPU \$g: search \$name seed \$seed, \$(date -u +%FT%TZ)"
+            python3 -m benchmarks.grid_vs_search search \$name --grid \$out/grid30.jsonl \
+                --seed \$seed --storage sqlite:///$state/grid30-\$name-s\$seed.db --pins \$out/pins \
+                --out \$out/records.jsonl --gpus \$g --claims \$claims \
+                >> \$out/search-\$name-s\$seed.txt 2>&1
+        done
     done
-    wait
-done
+    echo "== GPU \$g: nothing left, \$(date -u +%FT%TZ)"
+}
+for g in ${gpus//,/ }; do worker \$g & done
+wait
 python3 -m benchmarks.grid_vs_search report --records \$out/records.jsonl > \$out/report.md 2>&1
 echo "== driver done, \$(date -u +%FT%TZ)"
 EOF

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import textwrap
 import threading
@@ -91,6 +92,16 @@ def _about(name: str) -> str:
     )
 
 
+def claim(folder: Path, name: str) -> bool:
+    """True for the one process that creates ``folder/name`` first (O_EXCL is atomic)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -120,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/budgettune-bench"))
     parser.add_argument("--cache", action="store_true", help="share compile caches per variant")
+    parser.add_argument(
+        "--claims",
+        type=Path,
+        default=None,
+        help="folder shared by processes on other GPUs: a configuration is measured by the one "
+        "that claims it first (a file named for its label)",
+    )
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -144,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                     print("stopping: time budget of this command spent; run again to resume")
                     return
                 config = queue.pop()
+            if args.claims is not None and not claim(args.claims, config["label"]):
+                continue
             record = measure(config, device=device, args=args)
             with lock:
                 with args.out.open("a") as handle:

@@ -4,6 +4,7 @@ benchmarks/results/."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,26 @@ def test_the_search_command_is_the_readmes_with_the_seed_and_twelve_trials(tmp_p
     text = " ".join(command)
     assert "--max-mem 25.000GB --trials 12 --seed 2 --study grid30-llama1b-s2" in text
     assert "-o tie_word_embeddings=true" in text and text.endswith("--gpus 0")
+
+
+def test_workers_on_other_gpus_share_the_grid_and_the_seeds_by_claims(tmp_path: Path) -> None:
+    claims = tmp_path / "claims"
+    assert reference.claim(claims, "gpt2m-budget-1.0")
+    assert not reference.claim(claims, "gpt2m-budget-1.0")  # a second worker skips it
+    assert reference.claim(claims, "search-gpt2m-s0")
+
+
+def test_a_search_waits_for_the_points_other_workers_still_measure(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.jsonl"
+    rows = [_record("gpt2m-budget-1.0", 13.94, 51.8), _record("gpt2m-full-ac-every-1", 6.4, 64)]
+    grid.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the limit's two points are there: no wait for the start of a search
+    assert len(g30._await_grid([grid], "gpt2m", wait_s=60.0, full=False)) == 2
+    # the full grid is not: after its wait, what is there (here no wait at all)
+    assert len(g30._await_grid([grid], "gpt2m", wait_s=0.0, full=True)) == 2
+    labels = [c["label"] for c in g30.grid_configs("gpt2m")]
+    rest = [
+        _record(label, 9.0, 55.0) for label in labels if label not in {r["label"] for r in rows}
+    ]
+    grid.write_text(grid.read_text() + "".join(json.dumps(r) + "\n" for r in rest))
+    assert len(g30._await_grid([grid], "gpt2m", wait_s=60.0, full=True)) == 19
