@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -83,13 +84,14 @@ def grid_best(
 
 
 def search_command(
-    name: str, *, limit: int, seed: int, storage: str, pin: Path, gpus: str
+    name: str, *, limit: int, seed: int, storage: str, pin: Path, gpus: str, trials: int = TRIALS
 ) -> list[str]:
-    """The `budgettune search` of one workload and seed (its own study, so a rerun resumes)."""
+    """The `budgettune search` of one workload and seed (its own study; ``trials`` 0 on a
+    resumed study, which `resume_command` has brought to its target: only re-verify and pin)."""
     workload, options = WORKLOADS[name]
     command = [
         sys.executable, "-m", "budgettune.cli", "search", "--workload", workload,
-        "--device", "cuda", "--max-mem", f"{limit / 1e9:.3f}GB", "--trials", str(TRIALS),
+        "--device", "cuda", "--max-mem", f"{limit / 1e9:.3f}GB", "--trials", str(trials),
         "--seed", str(seed), "--study", f"grid30-{name}-s{seed}", "--storage", storage,
         "--top-k", "3", "--reverify", "3", "--output", str(pin),
     ]  # fmt: skip
@@ -99,6 +101,20 @@ def search_command(
     if gpus:
         command += ["--gpus", gpus]
     return command
+
+
+def resume_command(name: str, *, seed: int, storage: str) -> list[str]:
+    """A study cut off (a lease ended): a `budgettune worker` runs its trials up to the target
+    the first search set (a second `search --trials 12` would add 12 more), on the one GPU
+    the caller makes visible."""
+    return [
+        sys.executable, "-m", "budgettune.cli", "worker", "--study", f"grid30-{name}-s{seed}",
+        "--storage", storage, "--device", "cuda:0",
+    ]  # fmt: skip
+
+
+def _study_exists(storage: str) -> bool:
+    return storage.startswith("sqlite:///") and Path(storage[len("sqlite:///") :]).exists()
 
 
 def record(
@@ -227,6 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.pins.mkdir(parents=True, exist_ok=True)
     pin_path = args.pins / f"grid30-{args.name}-s{args.seed}-pin.json"
+    resuming = _study_exists(args.storage)
+    if resuming:
+        resume = resume_command(args.name, seed=args.seed, storage=args.storage)
+        print(" ".join(resume), flush=True)
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else None
+        subprocess.run(resume, check=False, env=env)
     command = search_command(
         args.name,
         limit=limit,
@@ -234,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         storage=args.storage,
         pin=pin_path,
         gpus=args.gpus,
+        trials=0 if resuming else TRIALS,
     )
     print(" ".join(command), flush=True)
     done = subprocess.run(command, check=False)

@@ -65,6 +65,20 @@ def test_the_search_command_is_the_readmes_with_the_seed_and_twelve_trials(tmp_p
     text = " ".join(command)
     assert "--max-mem 25.000GB --trials 12 --seed 2 --study grid30-llama1b-s2" in text
     assert "-o tie_word_embeddings=true" in text and text.endswith("--gpus 0")
+    # a study cut off: its worker runs it to the target set first, the search only pins
+    resumed = " ".join(g30.search_command(
+        "llama1b", limit=25_000_000_000, seed=2, storage="sqlite:///s.db",
+        pin=tmp_path / "p.json", gpus="0", trials=0,
+    ))  # fmt: skip
+    assert "--trials 0 --seed 2" in resumed
+    worker = g30.resume_command("llama1b", seed=2, storage="sqlite:///s.db")
+    assert worker[2:] == [
+        "budgettune.cli", "worker", "--study", "grid30-llama1b-s2", "--storage",
+        "sqlite:///s.db", "--device", "cuda:0",
+    ]  # fmt: skip
+    assert not g30._study_exists(f"sqlite:///{tmp_path}/none.db")
+    (tmp_path / "s.db").touch()
+    assert g30._study_exists(f"sqlite:///{tmp_path}/s.db")
 
 
 def test_workers_on_other_gpus_share_the_grid_and_the_seeds_by_claims(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
     Point,
+    next_flip,
     next_structured,
     settle,
     settle_probes,
@@ -166,3 +167,30 @@ def test_with_offload_searched_the_leanest_point_over_the_limit_is_tried_offload
     # a leanest point that crashed would crash offloading too
     crashed = Point(label="full-1", spec=full_1, finished=True, outcome="crashed")
     assert next_structured(search, [crashed, over_all[1]], base, ("full",)) is None
+
+
+def test_an_unsettled_choice_is_flipped_once_at_the_fastest_point_that_fits() -> None:
+    """H200, 2026-11-26 (benchmarks/results/README.md#flip-at-incumbent): at full block AC
+    the fused optimizer was 0.9 % faster, within noise, so it stayed searched; at op AC on
+    every block, where the pin was, it was 5 % faster and the sampler never drew it."""
+    search = _search(block_ac_every=(0, 1, 2), block_ac_policies=("full", "op"))
+    given = TrialSpec()
+    op1 = structured_spec(given, "op", 1)
+    points = [
+        _ok("block-ac-every-1", FULL_AC, 6.45, 63.5),
+        _ok("structured-full-2", structured_spec(given, "full", 2), 9.3, 59.7),
+        _ok("structured-op-1", op1, 10.0 / 1.03 - 0.1, 53.7),  # the fastest that fits
+        _ok("structured-op-2", structured_spec(given, "op", 2), 11.2, 54.0),  # over
+    ]
+    held = {"cuda_alloc_conf": ""}
+    step = next_flip(search, points, held, given)
+    assert step == ("flip-optimizer_impl", op1.replace(optimizer_impl="fused"))
+    # measured (or queued): no second flip; the held allocator is never flipped
+    points.append(_ok(step[0], step[1], 9.6, 51.0))
+    assert next_flip(search, points, held, given) is None
+    # an incumbent already at the probed value is flipped back to the value as given
+    fused_op1 = op1.replace(optimizer_impl="fused")
+    step = next_flip(search, [_ok("x", fused_op1, 9.0, 50.0)], held, given)
+    assert step == ("flip-optimizer_impl", op1)
+    # nothing fits yet: nothing to flip at
+    assert next_flip(search, [_ok("x", op1, 11.0, 50.0)], held, given) is None

@@ -82,7 +82,8 @@ def search(
             "range holds it, with fused AdamW and expandable segments where those are "
             "searched; from 8 trials on, full block AC with each of those flipped, the winner "
             "on both memory and time held for the study, then block AC strides per policy "
-            "placed by bisection on the memory axis); 0 runs none and only re-verifies and "
+            "placed by bisection on the memory axis, then each choice left unsettled flipped "
+            "at the fastest point that fits); 0 runs none and only re-verifies and "
             "pins what an existing study holds (a search cut off before its pin).",
         ),
     ] = None,

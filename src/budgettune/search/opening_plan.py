@@ -1,7 +1,7 @@
 """The structured opening in a running study (`search.structured` decides; this reads the
 study and acts): hold the free choices its settle probes decided, and queue its next
-structured point. Called under the claim lock, before a worker asks for its next trial, so
-two workers never queue the same point; the decision uses finished trials only.
+structured point, then its flips. Called under the claim lock, before a worker asks for its
+next trial, so two workers never queue the same point; the decision uses finished trials only.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
     SETTLE_PREFIX,
+    STRUCTURED_PREFIX,
     Point,
     held_values,
+    next_flip,
     next_structured,
     settle,
     settled_attr,
@@ -94,9 +96,14 @@ def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str]
         return
     if not any(p.finished for p in points if p.label == FULL_AC):
         return
-    base = as_given(search).replace(**held(study.user_attrs))
+    given = as_given(search)
+    base = given.replace(**held(study.user_attrs))
     policies = sampling_space(search, study.user_attrs).block_ac_policies
     step = next_structured(search, points, base, policies)
+    if step is None and all(
+        p.finished for p in points if (p.label or "").startswith(STRUCTURED_PREFIX)
+    ):  # the map is complete: the unsettled free choices, at the fastest point that fits
+        step = next_flip(search, points, held(study.user_attrs), given)
     if step is not None:
         label, spec = step
         enqueue_baseline(study, search, label, spec)

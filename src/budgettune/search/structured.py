@@ -16,7 +16,11 @@ strides, policies, optimizers, allocators) pairs them late
    holds more memory, so a stride that fits rules out the smaller ones (slower) and a stride
    over the limit rules out the larger ones; "no block AC" is the largest stride; with offload
    searched, the leanest point over the limit is measured once more, offloading (`_offload_point`);
-3. then the sampler, with the settled knobs held, refines budgets, op lists and solvers
+3. **flips**: a free choice its probe left unsettled (neither value won beyond noise at full
+   block AC, where the step is mostly recompute) is measured flipped once at the fastest point
+   that fits (`next_flip`): where it matters is where the pin will be
+   (benchmarks/results/README.md#flip-at-incumbent);
+4. then the sampler, with the settled knobs held, refines budgets, op lists and solvers
    around what fits.
 
 Everything here is pure: it reads what was measured (`Point`) and says what to measure next.
@@ -37,6 +41,8 @@ SETTLE_PREFIX = "settle-"
 """Baseline label of a settle probe: ``settle-optimizer_impl``."""
 STRUCTURED_PREFIX = "structured-"
 """Baseline label of a structured point: ``structured-full-2``, ``structured-none``."""
+FLIP_PREFIX = "flip-"
+"""Baseline label of an unsettled free choice tried at the incumbent: ``flip-optimizer_impl``."""
 TIME_NOISE = 0.01
 """Relative step-time difference below which two configurations are equally fast."""
 PEAK_NOISE = 0.002
@@ -265,6 +271,37 @@ def _offload_point(
     if not knob.relevant(spec) or spec in by_spec:
         return None
     return f"{structured_label(policy, stride)}-offload-{every[0]}", spec
+
+
+def next_flip(
+    search: SearchSpec, points: Sequence[Point], held: Mapping[str, Any], given: TrialSpec
+) -> tuple[str, TrialSpec] | None:
+    """The fastest finished point that fits, with one free choice that is not ``held``
+    flipped (the probed value where it has the other, else the value as given); None when
+    every such choice is flipped, measured or held, or nothing fits yet.
+
+    Args:
+        search: the search (its free choices and the values as given).
+        points: every trial of the study, finished or not.
+        held: the settled choices (``{knob: value}``).
+        given: the configuration as given (the unconstrained baseline's).
+    """
+    fitting = [p for p in points if p.finished and p.outcome == "ok" and p.fits]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda p: p.step_time_ms or float("inf"))
+    known = {p.spec for p in points}
+    labels = {p.label for p in points}
+    for knob, probed in _free_choices(search):
+        label = FLIP_PREFIX + knob
+        if knob in held or label in labels:
+            continue
+        current = getattr(best.spec, knob)
+        other = probed if current != probed else getattr(given, knob)
+        spec = best.spec.replace(**{knob: other})
+        if other != current and spec not in known:
+            return label, spec
+    return None
 
 
 def settled_attr(settlements: Sequence[Settlement]) -> dict[str, Any]:
