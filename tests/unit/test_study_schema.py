@@ -299,10 +299,18 @@ def test_a_search_setting_has_one_name_in_the_study_file_the_flags_and_search_sp
     assert spec_fields - keys == set(translated.values())
     assert set(study_file._PASSED) == (keys & spec_fields) - {"workload", "workload_options",
         "device", "space"}  # fmt: skip
-    flags = {p.name for p in typer.main.get_command(app).commands["search"].params}
+    params = {p.name: p for p in typer.main.get_command(app).commands["search"].params}
     by_other_name = {  # study key -> the flags that set it
-        "compile_cache": {"no_cache"}, "workload_options": {"option"},
-        "trial": {"warmup_steps", "timed_steps"},
+        "workload_options": {"option"}, "trial": {"warmup_steps", "timed_steps"},
     }  # fmt: skip
     for key in keys - {"space"}:
-        assert by_other_name.get(key, {key}) <= flags, key
+        assert by_other_name.get(key, {key}) <= set(params), key
+    # the option of a key is made from it: its name, its help, its old spelling too
+    for key in keys - {"space", "fix", "trial", "workload_options"}:
+        param = params[key]
+        assert "--" + key.replace("_", "-") in param.opts, key
+        description = StudyTable.model_fields[key].description
+        assert description is not None and description[1:] in (param.help or ""), key
+    assert "--trials" in params["num_trials"].opts and "--no-cache" in params[
+        "compile_cache"
+    ].secondary_opts

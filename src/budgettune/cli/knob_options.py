@@ -4,8 +4,8 @@
 ``budgettune search`` the list of values to try (``--knapsack-solvers dp,greedy``): the
 option names are the knob's name and plural with dashes, its help is the knob's, and the
 spelling before issue 31 (``--solver``, ``--solvers``) is still accepted. A command declares a
-``knobs: dict`` parameter; `with_knob_options` replaces it with the options and hands the given
-values (None: not given) to the command in that dict.
+``knobs: dict`` parameter; `with_options` replaces it with the options and hands the given
+values (None: not given) to the command in that dict (`cli.study_options` uses it too).
 """
 
 from __future__ import annotations
@@ -83,22 +83,28 @@ def search_parameters() -> list[inspect.Parameter]:
     return params
 
 
-def with_knob_options(parameters: Callable[[], list[inspect.Parameter]]) -> Callable[[F], F]:
-    """Give a Typer command the knob options ``parameters`` makes, in place of its ``knobs``
-    parameter, which receives their values by name (None where not given)."""
+def with_options(
+    parameters: Callable[[], list[inspect.Parameter]], into: str = "knobs", *, first: bool = False
+) -> Callable[[F], F]:
+    """Give a Typer command the options ``parameters`` makes, in place of its parameter named
+    ``into`` (a dict), which receives their values by name (None where not given); ``first``:
+    before the command's own (in ``--help``). Applied twice, each fills its own dict."""
 
     def wrap(command: F) -> F:
         signature = inspect.signature(command, eval_str=True)
-        own = [p for p in signature.parameters.values() if p.name != "knobs"]
+        own = [p for p in signature.parameters.values() if p.name != into]
         extra = parameters()
         names = [p.name for p in extra]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             given = {name: kwargs.pop(name) for name in names}
-            return command(**kwargs, knobs=given)
+            return command(**kwargs, **{into: given})
 
-        wrapper.__signature__ = signature.replace(parameters=own + extra)  # type: ignore[attr-defined]
+        # typer calls by keyword: every option keyword-only lets either come first
+        own = [p.replace(kind=_KEYWORD) for p in own]
+        ordered = [*extra, *own] if first else [*own, *extra]
+        wrapper.__signature__ = signature.replace(parameters=ordered)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {}
         return wrapper  # type: ignore[return-value]
 

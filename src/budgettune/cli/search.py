@@ -18,10 +18,10 @@ from budgettune.cli.app import (
     quiet_background,
     stdout,
 )
-from budgettune.cli.knob_options import search_parameters, space_values, with_knob_options
+from budgettune.cli.knob_options import search_parameters, space_values, with_options
 from budgettune.cli.progress import SearchProgress
+from budgettune.cli.study_options import study_flags, study_parameters
 from budgettune.errors import UsageError
-from budgettune.search.spec import SEARCH_DEFAULTS
 
 
 def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -> list[Any] | None:
@@ -35,137 +35,26 @@ def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -
 
 @app.command()
 @handles_errors
-@with_knob_options(search_parameters)
+@with_options(search_parameters, into="knobs")
+@with_options(study_parameters, into="study", first=True)
 def search(
     study_file: Annotated[
         Path | None,
         typer.Argument(help="A TOML study file (studies/*.toml); flags override it."),
     ] = None,
-    max_mem: Annotated[
-        str | None,
-        typer.Option("--max-mem", help="Memory limit, e.g. 20GB or 18.5GiB (required)."),
-    ] = None,
-    workload: Annotated[
-        str | None,
-        typer.Option(
-            "--workload",
-            "-w",
-            help="builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn.",
-        ),
-    ] = None,
     option: Annotated[
         list[str] | None,
         typer.Option("--option", "-o", help="Workload builder option KEY=VALUE (repeatable)."),
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
-    mem_metric: Annotated[
-        str | None,
-        typer.Option(help="What --max-mem limits: device (nvidia-smi), reserved or allocated."),
-    ] = None,
-    max_host_mem: Annotated[
-        str | None,
-        typer.Option(
-            "--max-host-mem",
-            help="Host memory a trial's offloaded activations may hold, all its ranks together "
-            "(--offload-every); a trial over it does not fit. Default: half of this host's "
-            "memory.",
-        ),
-    ] = None,
-    num_trials: Annotated[
-        int | None,
-        typer.Option(
-            "--num-trials",
-            "--trials",
-            help=f"Trials to add to the study (default {SEARCH_DEFAULTS['num_trials']}; a new "
-            "study's first ones are budget "
-            "1.0, full block AC, budget 0.5, and budget 0.8 from 10 trials on where the budget "
-            "range holds it, with fused AdamW and expandable segments where those are "
-            "searched; from 8 trials on, full block AC with each of those flipped, the winner "
-            "on both memory and time held for the study, then block AC strides per policy "
-            "placed by bisection on the memory axis, then each choice left unsettled flipped "
-            "at the fastest point that fits); 0 runs none and only re-verifies and "
-            "pins what an existing study holds (a search cut off before its pin).",
-        ),
-    ] = None,
-    study_name: Annotated[
-        str | None,
-        typer.Option(
-            "--study-name", "--study", help="Study name (default: from workload, device, limit)."
-        ),
-    ] = None,
-    storage_url: Annotated[
-        str | None,
-        typer.Option(
-            "--storage-url",
-            "--storage",
-            help="SQLAlchemy URL or SQLite path (default ./budgettune.db).",
-        ),
     ] = None,
     fix: Annotated[
         list[str] | None,
         typer.Option(help="Hold a dimension at one value, NAME=VALUE (repeatable)."),
     ] = None,
-    top_k: Annotated[
-        int | None,
-        typer.Option(
-            help="Fastest fitting configurations re-verified together (default "
-            f"{SEARCH_DEFAULTS['top_k']}); if none "
-            "holds, the next ones are re-verified one by one, up to 8 in all, before exit 3."
-        ),
-    ] = None,
-    reverify_runs: Annotated[
-        int | None,
-        typer.Option(
-            "--reverify-runs", "--reverify", help="Fresh re-measurements per configuration."
-        ),
-    ] = None,
-    margin: Annotated[
-        float | None,
-        typer.Option(
-            help="Safety margin: a configuration fits when its peak x (1 + margin) is within "
-            "--max-mem, for the search, the re-verification and the pin alike. It absorbs "
-            "run-to-run variation of the peak; 0.01-0.05 is sensible (default "
-            f"{SEARCH_DEFAULTS['margin']})."
-        ),
-    ] = None,
-    trial_timeout_s: Annotated[
-        float | None,
-        typer.Option("--trial-timeout-s", "--timeout", help="Seconds before a trial is killed."),
-    ] = None,
-    warmup_steps: Annotated[int | None, typer.Option(help="Untimed warm-up steps.")] = None,
-    timed_steps: Annotated[int | None, typer.Option(help="Timed steps per trial.")] = None,
-    sampler_seed: Annotated[
-        int | None,
-        typer.Option("--sampler-seed", "--seed", help="Sampler seed (reproducible search)."),
-    ] = None,
-    runs_dir: Annotated[
-        str | None, typer.Option(help="Folder for trial logs and compile caches.")
-    ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="Compile every trial from scratch.")
-    ] = False,
     gpus: Annotated[
         str | None,
         typer.Option(
             help="Run one worker process per GPU of this host, e.g. 0,1,2,3 (one trial per GPU "
             "at a time); re-verification runs on the first."
-        ),
-    ] = None,
-    nproc_per_node: Annotated[
-        int | None,
-        typer.Option(
-            "--nproc-per-node",
-            help="Ranks per trial: above 1 each trial is a sharded job (FSDP2, torchtitan "
-            "order) under torchrun; with --gpus, each group of N GPUs runs one trial.",
-        ),
-    ] = None,
-    collective_timeout_s: Annotated[
-        float | None,
-        typer.Option(
-            "--collective-timeout-s",
-            "--collective-timeout",
-            help="Seconds a rank's collective may wait before it fails (default "
-            f"{SEARCH_DEFAULTS['collective_timeout_s']:g}).",
         ),
     ] = None,
     output: Annotated[
@@ -174,15 +63,17 @@ def search(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print only the pinned config JSON on stdout.")
     ] = False,
+    study: dict[str, Any] | None = None,
     knobs: dict[str, Any] | None = None,
 ) -> None:
     """Search the recompute knobs under --max-mem, re-verify the best, write the pin.
 
-    Each knob's values to try are an option named as the knob's plural
-    (``--knapsack-solvers dp,greedy``); ``--fix NAME=VALUE`` holds one. Re-running the same
-    command resumes the same study. Ctrl-C (or SIGTERM) keeps every
-    finished trial; the interrupted one runs again next time. Exit code 3 when nothing
-    measured fits under the limit, 4 when no trial could be measured at all.
+    Every study-file key is an option of the same name (``num_trials``: ``--num-trials``);
+    flags override the file. Each knob's values to try are an option named as the knob's
+    plural (``--knapsack-solvers dp,greedy``); ``--fix NAME=VALUE`` holds one. Re-running
+    the same command resumes the same study. Ctrl-C (or SIGTERM) keeps every finished trial;
+    the interrupted one runs again next time. Exit code 3 when nothing measured fits under the
+    limit, 4 when no trial could be measured at all.
     """
     from budgettune.pinning import check_pin_output, write_pin
     from budgettune.search.run import run_search
@@ -190,41 +81,24 @@ def search(
     from budgettune.search.spec import DEFAULT_WORKLOAD
     from budgettune.search.study_file import build_search_spec, merge, read_study_file
 
+    flags = study_flags(study or {})
     check_pin_output(output)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
     gpu_list: list[int] = _csv(gpus, int, flag="--gpus") or []
     if gpus is not None and not gpu_list:
         raise UsageError("--gpus takes GPU indices, e.g. 0,1,2,3")
     if gpu_list:
+        device = flags["device"]
         if device is not None and not device.startswith("cuda"):
             raise UsageError(f"--gpus runs on GPUs; drop --device {device}")
         from budgettune.search.workers import gpu_groups, group_device
 
-        ranks = file_values.get("nproc_per_node", 1) if nproc_per_node is None else nproc_per_node
-        device = group_device(gpu_groups(gpu_list, ranks)[0])
-    flags = {
-        "workload": workload,
-        "workload_options": parse_options(option) if option else None,
-        "device": device,
-        "max_mem": max_mem,
-        "max_host_mem": max_host_mem,
-        "mem_metric": mem_metric,
-        "num_trials": num_trials,
-        "study_name": study_name,
-        "storage_url": storage_url,
-        "top_k": top_k,
-        "reverify_runs": reverify_runs,
-        "margin": margin,
-        "trial_timeout_s": trial_timeout_s,
-        "runs_dir": runs_dir,
-        "compile_cache": False if no_cache else None,
-        "sampler_seed": sampler_seed,
-        "nproc_per_node": nproc_per_node,
-        "collective_timeout_s": collective_timeout_s,
-        "space": space_values(knobs or {}),
-        "fix": parse_fixed(fix) if fix else None,
-        "trial": {"warmup_steps": warmup_steps, "timed_steps": timed_steps},
-    }
+        ranks = flags["nproc_per_node"]
+        ranks = file_values.get("nproc_per_node", 1) if ranks is None else ranks
+        flags["device"] = group_device(gpu_groups(gpu_list, ranks)[0])
+    flags["workload_options"] = parse_options(option) if option else None
+    flags["space"] = space_values(knobs or {})
+    flags["fix"] = parse_fixed(fix) if fix else None
     values = merge(file_values, flags)
     spec = build_search_spec(
         values, default_device=default_device(values.get("workload") or DEFAULT_WORKLOAD)

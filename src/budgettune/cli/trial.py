@@ -18,7 +18,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
-from budgettune.cli.knob_options import spec_values, trial_parameters, with_knob_options
+from budgettune.cli.knob_options import spec_values, trial_parameters, with_options
 from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 from budgettune.trial.trial_run import DEFAULT_COLLECTIVE_TIMEOUT_S
 
@@ -46,7 +46,7 @@ def workloads() -> None:
 
 @app.command()
 @handles_errors
-@with_knob_options(trial_parameters)
+@with_options(trial_parameters)
 def trial(
     workload: Annotated[
         str,

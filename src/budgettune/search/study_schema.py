@@ -25,6 +25,7 @@ from budgettune.search.spec import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     MEM_METRIC_CHOICES,
+    SEARCH_DEFAULTS,
     STUDY_NAME_PATTERN,
     STUDY_NAME_RULE,
 )
@@ -73,39 +74,64 @@ class StudyTable(BaseModel):
 
     model_config = _STRICT
 
-    workload: Text | None = _key("workload reference")
+    workload: Text | None = _key(
+        "the workload: builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn"
+    )
     workload_options: dict[OptionName, Scalar | list[Scalar]] | None = _key(
         "table of builder options",
         "a table of builder options: strings, numbers, booleans or lists of them",
     )
     device: Annotated[str, Field(pattern=DEVICE_PATTERN.pattern)] | None = _key(
-        "cpu, cuda or cuda:N", "cpu, cuda or cuda:N"
+        "the device: cpu, cuda or cuda:N (default: the workload's, cuda where there is a GPU)",
+        "cpu, cuda or cuda:N",
     )
     max_mem: str | int | float | None = _key(
-        "memory limit, e.g. 20GB", 'a size like "20GB" or "18.5GiB"'
+        "memory limit, e.g. 20GB or 18.5GiB (required)", 'a size like "20GB" or "18.5GiB"'
     )
     max_host_mem: str | int | float | None = _key(
-        "host memory a trial's offloaded activations may hold (all its ranks), e.g. 64GB; "
-        "default half of the host's memory",
+        "host memory a trial's offloaded activations may hold, all its ranks together "
+        "(offload_every); a trial over it does not fit. Default: half of this host's memory",
         'a size like "64GB"',
     )
-    mem_metric: Metric | None = _key("device, reserved or allocated")
-    num_trials: Count | None = _key("trials per invocation")
+    mem_metric: Metric | None = _key(
+        "what max_mem limits: device (nvidia-smi), reserved or allocated"
+    )
+    num_trials: Count | None = _key(
+        f"trials to add to the study (default {SEARCH_DEFAULTS['num_trials']}; a new study's "
+        "first ones are budget 1.0, full block AC, budget 0.5, and budget 0.8 from 10 trials on "
+        "where the budget range holds it, with fused AdamW and expandable segments where those "
+        "are searched; from 8 trials on, full block AC with each of those flipped, the winner "
+        "on both memory and time held for the study, then block AC strides per policy placed "
+        "by bisection on the memory axis, then each choice left unsettled flipped at the "
+        "fastest point that fits); 0 runs none and only re-verifies and pins what an existing "
+        "study holds (a search cut off before its pin)"
+    )
     study_name: Annotated[str, Field(pattern=STUDY_NAME_PATTERN.pattern)] | None = _key(
-        "study name", f"a study name of {STUDY_NAME_RULE}"
+        "study name (default: from workload, device, limit)",
+        f"a study name of {STUDY_NAME_RULE}",
     )
-    storage_url: Text | None = _key("SQLAlchemy URL or SQLite path")
-    top_k: Positive | None = _key("configurations re-verified")
-    reverify_runs: Positive | None = _key("re-measurements per configuration")
+    storage_url: Text | None = _key("SQLAlchemy URL or SQLite path (default ./budgettune.db)")
+    top_k: Positive | None = _key(
+        "fastest fitting configurations re-verified together (default "
+        f"{SEARCH_DEFAULTS['top_k']}); if none holds, the next ones are re-verified one by "
+        "one, up to 8 in all, before exit 3"
+    )
+    reverify_runs: Positive | None = _key("fresh re-measurements per configuration")
     margin: Annotated[float, Field(ge=0, lt=0.5)] | None = _key(
-        "fits when peak x (1 + margin) is within max_mem (search, re-verification, pin)"
+        "safety margin: a configuration fits when its peak x (1 + margin) is within max_mem, "
+        "for the search, the re-verification and the pin alike. It absorbs run-to-run "
+        "variation of the peak; 0.01-0.05 is sensible"
     )
-    trial_timeout_s: Seconds | None = _key("seconds per trial")
-    runs_dir: Text | None = _key("folder for trial logs and caches")
-    compile_cache: bool | None = _key("reuse compiled code per partition variant")
-    sampler_seed: Seed | None = _key("seed of the sampler")
+    trial_timeout_s: Seconds | None = _key("seconds before a trial is killed")
+    runs_dir: Text | None = _key("folder for trial logs and compile caches")
+    compile_cache: bool | None = _key(
+        "reuse compiled code per partition variant (false, --no-cache: compile every trial "
+        "from scratch)"
+    )
+    sampler_seed: Seed | None = _key("sampler seed, for a reproducible search (default: random)")
     nproc_per_node: Positive | None = _key(
-        "ranks per trial (above 1: sharded with FSDP2 under torchrun)"
+        "ranks per trial: above 1 each trial is a sharded job (FSDP2, torchtitan order) under "
+        "torchrun; with --gpus, each group of N GPUs runs one trial"
     )
     collective_timeout_s: Seconds | None = _key(
         "seconds a rank's collective may wait before it fails"
