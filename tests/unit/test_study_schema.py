@@ -311,6 +311,7 @@ def test_a_search_setting_has_one_name_in_the_study_file_the_flags_and_search_sp
         assert "--" + key.replace("_", "-") in param.opts, key
         description = StudyTable.model_fields[key].description
         assert description is not None and description[1:] in (param.help or ""), key
-    assert "--trials" in params["num_trials"].opts and "--no-cache" in params[
-        "compile_cache"
-    ].secondary_opts
+    assert (
+        "--trials" in params["num_trials"].opts
+        and "--no-cache" in params["compile_cache"].secondary_opts
+    )
