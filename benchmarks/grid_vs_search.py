@@ -83,8 +83,21 @@ def grid_best(
     return best
 
 
+def study_of(name: str, seed: int, sampler: str = "tpe") -> str:
+    """The study of one workload, seed and sampler (``-gp`` for the Gaussian process)."""
+    return f"grid30-{name}-s{seed}" + ("" if sampler == "tpe" else f"-{sampler}")
+
+
 def search_command(
-    name: str, *, limit: int, seed: int, storage: str, pin: Path, gpus: str, trials: int = TRIALS
+    name: str,
+    *,
+    limit: int,
+    seed: int,
+    storage: str,
+    pin: Path,
+    gpus: str,
+    trials: int = TRIALS,
+    sampler: str = "tpe",
 ) -> list[str]:
     """The `budgettune search` of one workload and seed (its own study; ``trials`` 0 on a
     resumed study, which `resume_command` has brought to its target: only re-verify and pin)."""
@@ -92,9 +105,11 @@ def search_command(
     command = [
         sys.executable, "-m", "budgettune.cli", "search", "--workload", workload,
         "--device", "cuda", "--max-mem", f"{limit / 1e9:.3f}GB", "--trials", str(trials),
-        "--seed", str(seed), "--study", f"grid30-{name}-s{seed}", "--storage", storage,
+        "--seed", str(seed), "--study", study_of(name, seed, sampler), "--storage", storage,
         "--top-k", "3", "--reverify", "3", "--output", str(pin),
     ]  # fmt: skip
+    if sampler != "tpe":
+        command += ["--sampler", sampler]
     for key, value in options.items():
         text = str(value).lower() if isinstance(value, bool) else str(value)
         command += ["-o", f"{key}={text}"]
@@ -103,12 +118,12 @@ def search_command(
     return command
 
 
-def resume_command(name: str, *, seed: int, storage: str) -> list[str]:
+def resume_command(name: str, *, seed: int, storage: str, sampler: str = "tpe") -> list[str]:
     """A study cut off (a lease ended): a `budgettune worker` runs its trials up to the target
     the first search set (a second `search --trials 12` would add 12 more), on the one GPU
     the caller makes visible."""
     return [
-        sys.executable, "-m", "budgettune.cli", "worker", "--study", f"grid30-{name}-s{seed}",
+        sys.executable, "-m", "budgettune.cli", "worker", "--study", study_of(name, seed, sampler),
         "--storage", storage, "--device", "cuda:0",
     ]  # fmt: skip
 
@@ -118,7 +133,13 @@ def _study_exists(storage: str) -> bool:
 
 
 def record(
-    name: str, *, seed: int, limit: int, pin: dict[str, Any], grid: Sequence[dict[str, Any]]
+    name: str,
+    *,
+    seed: int,
+    limit: int,
+    pin: dict[str, Any],
+    grid: Sequence[dict[str, Any]],
+    sampler: str = "tpe",
 ) -> dict[str, Any]:
     """One search's row: the pin against the grid's best under the same limit."""
     best = grid_best(grid, name, limit)
@@ -127,6 +148,7 @@ def record(
     return {
         "workload": name,
         "seed": seed,
+        "sampler": sampler,
         "limit_bytes": limit,
         "pin_spec": pin["spec"],
         "pin_peak_bytes": pin["measured"]["peak_worst_bytes"],
@@ -144,14 +166,15 @@ def record(
 def report(records: Sequence[dict[str, Any]]) -> str:
     """The README's table: one row per workload and seed."""
     lines = [
-        "| workload | seed | limit GB | pinned config | pin ms | grid best | grid ms | "
+        "| workload | sampler | seed | limit GB | pinned config | pin ms | grid best | grid ms | "
         "vs grid best |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in records:
         vs = row["vs_grid_best"]
         lines.append(
-            f"| {row['workload']} | {row['seed']} | {row['limit_bytes'] / 1e9:.2f} | "
+            f"| {row['workload']} | {row.get('sampler', 'tpe')} | {row['seed']} | "
+            f"{row['limit_bytes'] / 1e9:.2f} | "
             f"{_describe(row['pin_spec'])} | {row['pin_step_time_ms']:.1f} | "
             f"{row['grid_best']} | {row['grid_best_step_time_ms'] or float('nan'):.1f} | "
             f"{'-' if vs is None else f'{vs:+.1%}'} |"
@@ -207,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_search.add_argument("--pins", type=Path, required=True)
     p_search.add_argument("--out", type=Path, required=True)
     p_search.add_argument("--gpus", default="")
+    p_search.add_argument("--sampler", default="tpe", choices=("tpe", "gp"))
     p_search.add_argument(
         "--claims",
         type=Path,
@@ -229,11 +253,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "report":
         print(report(_read_jsonl(args.records)))
         return 0
-    if any(r["workload"] == args.name and r["seed"] == args.seed for r in _read_jsonl([args.out])):
-        print(f"{args.name} seed {args.seed}: recorded in {args.out} already")
+    study = study_of(args.name, args.seed, args.sampler)
+    if any(
+        r["workload"] == args.name and r["seed"] == args.seed
+        and r.get("sampler", "tpe") == args.sampler
+        for r in _read_jsonl([args.out])
+    ):  # fmt: skip
+        print(f"{study}: recorded in {args.out} already")
         return 0
-    if args.claims and not reference.claim(args.claims, f"search-{args.name}-s{args.seed}"):
-        print(f"{args.name} seed {args.seed}: claimed by another worker")
+    if args.claims and not reference.claim(args.claims, f"search-{study}"):
+        print(f"{study}: claimed by another worker")
         return 0
     # Another worker may still be measuring grid points (claimed, not yet written).
     grid = _await_grid(args.grid, args.name, wait_s=1800.0 if args.claims else 0.0, full=False)
@@ -242,10 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"grid of {args.name}: full AC or budget 1.0 not measured yet", file=sys.stderr)
         return 2
     args.pins.mkdir(parents=True, exist_ok=True)
-    pin_path = args.pins / f"grid30-{args.name}-s{args.seed}-pin.json"
+    pin_path = args.pins / f"{study}-pin.json"
     resuming = _study_exists(args.storage)
     if resuming:
-        resume = resume_command(args.name, seed=args.seed, storage=args.storage)
+        resume = resume_command(
+            args.name, seed=args.seed, storage=args.storage, sampler=args.sampler
+        )
         print(" ".join(resume), flush=True)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else None
         subprocess.run(resume, check=False, env=env)
@@ -257,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pin=pin_path,
         gpus=args.gpus,
         trials=0 if resuming else TRIALS,
+        sampler=args.sampler,
     )
     print(" ".join(command), flush=True)
     done = subprocess.run(command, check=False)
@@ -268,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit=limit,
         pin=json.loads(pin_path.read_text()),
         grid=_await_grid(args.grid, args.name, wait_s=1800.0 if args.claims else 0.0, full=True),
+        sampler=args.sampler,
     )
     with args.out.open("a") as out:
         out.write(json.dumps(row, sort_keys=True) + "\n")

@@ -5,7 +5,7 @@
 # worker has claimed (files in $state/claims), so every GPU stays busy: a GPU done with its
 # share of one workload starts on the next while a search of the first still runs.
 #
-#   bash benchmarks/grid_vs_search_gpu.sh WAIT_S [NAME...]     (device, .whl carried)
+#   [BT_SAMPLERS="tpe gp"] bash benchmarks/grid_vs_search_gpu.sh WAIT_S [NAME...]   (device, .whl)
 #
 # The first call starts a detached driver (state in /tmp/bt-grid30, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/grid30.tar: the grid
@@ -18,6 +18,7 @@ set -uo pipefail
 wait_s=$1
 shift
 names=${*:-gpt2m llama1b vit}
+samplers=${BT_SAMPLERS:-tpe}  # BT_SAMPLERS="tpe gp": the Gaussian-process sampler's seeds too
 state=/tmp/bt-grid30
 kept=benchmarks/results/grid30
 mkdir -p "$state/out/pins"
@@ -56,13 +57,16 @@ worker() {  # one GPU: every workload in turn, its unclaimed grid points, then i
     for name in $names; do
         python3 -m benchmarks.grid_vs_search grid \$name --out \$out/grid30.jsonl --gpus \$g \
             --claims \$claims --stop-after 100000 >> \$out/grid-\$name-gpu\$g.txt 2>&1
-        for seed in 0 1 2; do
-            [ -e \$claims/search-\$name-s\$seed ] && continue
-            echo "== GPU \$g: search \$name seed \$seed, \$(date -u +%FT%TZ)"
-            python3 -m benchmarks.grid_vs_search search \$name --grid \$out/grid30.jsonl \
-                --seed \$seed --storage sqlite:///$state/grid30-\$name-s\$seed.db --pins \$out/pins \
-                --out \$out/records.jsonl --gpus \$g --claims \$claims \
-                >> \$out/search-\$name-s\$seed.txt 2>&1
+        for sampler in $samplers; do
+            for seed in 0 1 2; do
+                study=grid30-\$name-s\$seed\$([ \$sampler = tpe ] || echo -\$sampler)
+                [ -e \$claims/search-\$study ] && continue
+                echo "== GPU \$g: \$study, \$(date -u +%FT%TZ)"
+                python3 -m benchmarks.grid_vs_search search \$name --grid \$out/grid30.jsonl \
+                    --seed \$seed --sampler \$sampler --storage sqlite:///$state/\$study.db \
+                    --pins \$out/pins --out \$out/records.jsonl --gpus \$g --claims \$claims \
+                    >> \$out/search-\${study#grid30-}.txt 2>&1
+            done
         done
     done
     echo "== GPU \$g: nothing left, \$(date -u +%FT%TZ)"

@@ -54,7 +54,13 @@ def test_the_limit_lies_halfway_and_the_grid_best_fits_it_with_the_margin() -> N
     row = g30.record("gpt2m", seed=1, limit=limit, pin=pin, grid=grid)
     assert row["vs_grid_best"] == pytest.approx(60.1 / 56.7 - 1)
     table = g30.report([row])
-    assert "| gpt2m | 1 | 10.16 |" in table and "+6.0%" in table
+    assert "| gpt2m | tpe | 1 | 10.16 |" in table and "+6.0%" in table
+    gp = g30.record("gpt2m", seed=1, limit=limit, pin=pin, grid=grid, sampler="gp")
+    assert "| gpt2m | gp | 1 |" in g30.report([gp])
+    assert g30.study_of("gpt2m", 1, "gp") == "grid30-gpt2m-s1-gp"
+    assert "--sampler gp" in " ".join(g30.search_command(
+        "gpt2m", limit=limit, seed=1, storage="s", pin=Path("p"), gpus="", sampler="gp"
+    ))  # fmt: skip
 
 
 def test_the_search_command_is_the_readmes_with_the_seed_and_twelve_trials(tmp_path: Path) -> None:

@@ -422,3 +422,32 @@ def test_in_a_notebook_without_ipywidgets_the_bar_is_left_out_and_trial_lines_st
             shown.started("s", 2)
             shown.trial_done(event)
         assert "trial 0: ok" in captured.get()
+
+
+def test_the_sampler_is_a_study_key_and_a_gp_draws_within_the_constraint(tmp_path) -> None:
+    """``sampler = "gp"`` (or ``--sampler gp``) gives Optuna's GPSampler with the limit as its
+    constraint; it draws the same space as TPE, a conditional choice (the block-AC policy)
+    at random; an unknown sampler is one line naming the choices."""
+    from budgettune.search.study import constraints_of, make_sampler
+
+    path = tmp_path / "s.toml"
+    path.write_text('workload = "builtin:tiny-gpt"\nmax_mem = "1GB"\nsampler = "gp"\n')
+    spec = build_search_spec(read_study_file(path), default_device="cpu")
+    assert spec.sampler == "gp" and SearchSpec.from_json_dict(spec.to_json_dict()) == spec
+    sampler = make_sampler(spec.replace(sampler_seed=1))
+    assert isinstance(sampler, optuna.samplers.GPSampler)
+    assert isinstance(make_sampler(spec.replace(sampler="tpe")), optuna.samplers.TPESampler)
+    study = optuna.create_study(sampler=sampler)
+    for number in range(12):
+        trial = study.ask()
+        drawn = suggest_spec(trial, spec.space, spec.base)
+        budget = drawn.activation_memory_budget
+        trial.set_user_attr("constraint", [budget - 0.5])  # "fits" below budget 0.5
+        assert constraints_of(study.trials[number]) in ([budget - 0.5], [0.0])
+        study.tell(trial, 100 - 50 * budget + 10 * drawn.block_ac_every)
+    assert study.best_trial.params["activation_memory_budget"] <= 0.5
+    path.write_text('workload = "builtin:tiny-gpt"\nmax_mem = "1GB"\nsampler = "bayes"\n')
+    with pytest.raises(StudyFileError, match="sampler must be one of tpe, gp, got 'bayes'"):
+        read_study_file(path)
+    with pytest.raises(UsageError, match="--sampler: unknown sampler 'bayes'; choose one of tpe"):
+        spec.replace(sampler="bayes")

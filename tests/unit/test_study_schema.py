@@ -46,6 +46,7 @@ GOOD: dict[str, Any] = {
     "trial_timeout_s": 60,
     "runs_dir": "runs",
     "compile_cache": False,
+    "sampler": "gp",
     "sampler_seed": 4294967295,
     "nproc_per_node": 1,
     "collective_timeout_s": 30.5,

@@ -23,6 +23,8 @@ from budgettune.trial.trial_run import (
 
 MemMetric = Literal["device", "reserved", "allocated"]
 MEM_METRIC_CHOICES: tuple[str, ...] = get_args(MemMetric)
+Sampler = Literal["tpe", "gp"]
+SAMPLER_CHOICES: tuple[str, ...] = get_args(Sampler)
 DEFAULT_WORKLOAD = "builtin:tiny-gpt"
 """The workload of a search that names none."""
 DEFAULT_RUNS_DIR = "budgettune-runs"
@@ -80,8 +82,11 @@ class SearchSpec:
     """Where trial specs, results, logs and compile caches go."""
     compile_cache: bool = True
     """Reuse compiled code between trials of the same partition variant."""
+    sampler: Sampler = "tpe"
+    """Optuna's sampler after the opening: ``tpe`` (multivariate, grouped) or ``gp``
+    (`GPSampler`), both with the limit as a constraint (`search.study.make_sampler`)."""
     sampler_seed: int | None = None
-    """Seed of the TPE sampler (reproducible suggestions)."""
+    """Seed of the sampler (reproducible suggestions)."""
     nproc_per_node: int = 1
     """Ranks per trial: above 1 each trial is a sharded (FSDP2) job under torchrun."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -125,6 +130,11 @@ class SearchSpec:
         ):
             raise UsageError(
                 f"--seed must be an integer from 0 to {MAX_SEED}, got {self.sampler_seed!r}"
+            )
+        if self.sampler not in SAMPLER_CHOICES:
+            raise UsageError(
+                f"--sampler: unknown sampler {self.sampler!r}; "
+                f"choose one of {', '.join(SAMPLER_CHOICES)}"
             )
         if not isinstance(self.compile_cache, bool):
             raise UsageError(f"compile_cache must be true or false, got {self.compile_cache!r}")

@@ -115,12 +115,21 @@ def default_study_name(
 
 
 def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:
-    """TPE with Optuna's constraint support and the constant liar for parallel workers."""
+    """The search's sampler with Optuna's constraint support: TPE (multivariate, grouped,
+    with the constant liar for parallel workers) or a Gaussian process (`GPSampler`; a
+    parameter present in some trials only, as a block-AC policy, is drawn at random)."""
     with warnings.catch_warnings():
         # `group` is experimental, `warn_independent_sampling` and `constraints_func` are
         # deprecated in Optuna 5.0 but still the documented way; say so once, not every run.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.simplefilter("ignore", FutureWarning)
+        if search.sampler == "gp":
+            return optuna.samplers.GPSampler(
+                seed=search.sampler_seed,
+                n_startup_trials=max(3, min(8, search.num_trials // 3)),
+                constraints_func=constraints_of,
+                warn_independent_sampling=False,
+            )
         return optuna.samplers.TPESampler(
             seed=search.sampler_seed,
             n_startup_trials=max(3, min(8, search.num_trials // 3)),

@@ -123,6 +123,7 @@ _PASSED = (
     "trial_timeout_s",
     "runs_dir",
     "compile_cache",
+    "sampler",
     "sampler_seed",
     "nproc_per_node",
     "collective_timeout_s",

@@ -25,6 +25,7 @@ from budgettune.search.spec import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     MEM_METRIC_CHOICES,
+    SAMPLER_CHOICES,
     SEARCH_DEFAULTS,
     STUDY_NAME_PATTERN,
     STUDY_NAME_RULE,
@@ -127,6 +128,10 @@ class StudyTable(BaseModel):
     compile_cache: bool | None = _key(
         "reuse compiled code per partition variant (false, --no-cache: compile every trial "
         "from scratch)"
+    )
+    sampler: Annotated[str, OneOf(SAMPLER_CHOICES)] | None = _key(
+        "the sampler after the opening: tpe (multivariate TPE) or gp (Gaussian process), both "
+        "with the limit as a constraint"
     )
     sampler_seed: Seed | None = _key("sampler seed, for a reproducible search (default: random)")
     nproc_per_node: Positive | None = _key(
