@@ -255,7 +255,9 @@ def test_worker_stops_with_one_line_when_the_database_goes_away(
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"error: storage postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
-    assert "not currently accepting connections" in last, err
+    # the server's own words: the connection it cut mid-query, or the reconnect it refused
+    # (which comes first is a race between the worker and the terminate)
+    assert "not currently accepting connections" in last or "terminating connection" in last, err
     # back up: the finished trials are all there
     study = optuna.load_study(study_name="team", storage=pg_url)
     assert any(t.state == State.COMPLETE for t in study.get_trials(deepcopy=False))
