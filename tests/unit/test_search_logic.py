@@ -451,3 +451,18 @@ def test_the_sampler_is_a_study_key_and_a_gp_draws_within_the_constraint(tmp_pat
         read_study_file(path)
     with pytest.raises(UsageError, match="--sampler: unknown sampler 'bayes'; choose one of tpe"):
         spec.replace(sampler="bayes")
+
+
+def test_the_gp_sampler_without_scipy_is_one_line_naming_the_extra(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "scipy" else real(name, *a)
+    )
+    spec = SearchSpec(
+        workload="builtin:tiny-gpt", study_name="s", max_mem_bytes=10**9, space=SearchSpace()
+    )
+    with pytest.raises(UsageError, match=r"--sampler gp needs scipy: .*'budgettune\[gp\]'"):
+        spec.replace(sampler="gp")
+    assert spec.sampler == "tpe"  # TPE needs nothing more

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import re
@@ -136,6 +137,8 @@ class SearchSpec:
                 f"--sampler: unknown sampler {self.sampler!r}; "
                 f"choose one of {', '.join(SAMPLER_CHOICES)}"
             )
+        if self.sampler == "gp" and importlib.util.find_spec("scipy") is None:
+            raise UsageError("--sampler gp needs scipy: pip install 'budgettune[gp]'")
         if not isinstance(self.compile_cache, bool):
             raise UsageError(f"compile_cache must be true or false, got {self.compile_cache!r}")
         if not isinstance(self.runs_dir, str) or not self.runs_dir.strip():
