@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import pytest
 
 from budgettune import storage as storage_mod
 from budgettune.search.opening import open_study
@@ -98,32 +99,29 @@ def test_the_opening_settles_fused_then_maps_block_ac_at_it(tmp_path: Path) -> N
         assert space.fixed["optimizer_impl"] == "fused"
 
 
-def test_a_choice_the_probe_left_unsettled_is_flipped_at_the_fastest_fit(tmp_path: Path) -> None:
+def test_a_choice_the_probe_left_unsettled_is_flipped_at_the_fastest_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fused probe within noise of the reference at full block AC: the optimizer stays
     searched, and once block AC is mapped it is measured flipped at the fastest point that
     fits (op AC every block, 55 ms)."""
-    FIGURES[("fused", 1, "full")] = (93, 69.8)  # a tie with as written
-    FIGURES[("as_written", 2, "full")] = (110, 57.0)
-    FIGURES[("as_written", 1, "op")] = (96, 55.0)  # the fastest that fits
-    FIGURES[("as_written", 2, "op")] = (124, 54.0)  # over with the margin
-    try:
-        search = _search(tmp_path)
-        with storage_mod.open_storage(search.storage_url) as store:
-            study, _ = open_study(search, store, create=True, heartbeat_s=10)
-            measured = []
-            for _ in range(search.num_trials):
-                plan_opening(study, search, lambda _: None)
-                if not any(t.state is optuna.trial.TrialState.WAITING for t in study.trials):
-                    break
-                measured.append(_measure(study, search))
-            labels = [t.user_attrs.get("baseline") for t in study.trials]
-            assert SETTLED_ATTR not in study.user_attrs
-            assert labels[-1] == "flip-optimizer_impl"
-            op1 = next(s for s in measured if s.block_ac_policy == "op" and s.block_ac_every == 1)
-            assert measured[-1] == op1.replace(optimizer_impl="fused")
-            # still searched by the sampler
-            assert "optimizer_impl" not in sampling_space(search, study.user_attrs).fixed
-    finally:
-        FIGURES[("fused", 1, "full")] = (90, 60.0)
-        for key in [("as_written", 2, "full"), ("as_written", 1, "op"), ("as_written", 2, "op")]:
-            FIGURES.pop(key)
+    monkeypatch.setitem(FIGURES, ("fused", 1, "full"), (93, 69.8))  # a tie with as written
+    monkeypatch.setitem(FIGURES, ("as_written", 2, "full"), (110, 57.0))
+    monkeypatch.setitem(FIGURES, ("as_written", 1, "op"), (96, 55.0))  # the fastest that fits
+    monkeypatch.setitem(FIGURES, ("as_written", 2, "op"), (124, 54.0))  # over with the margin
+    search = _search(tmp_path)
+    with storage_mod.open_storage(search.storage_url) as store:
+        study, _ = open_study(search, store, create=True, heartbeat_s=10)
+        measured = []
+        for _ in range(search.num_trials):
+            plan_opening(study, search, lambda _: None)
+            if not any(t.state is optuna.trial.TrialState.WAITING for t in study.trials):
+                break
+            measured.append(_measure(study, search))
+        labels = [t.user_attrs.get("baseline") for t in study.trials]
+        assert SETTLED_ATTR not in study.user_attrs
+        assert labels[-1] == "flip-optimizer_impl"
+        op1 = next(s for s in measured if s.block_ac_policy == "op" and s.block_ac_every == 1)
+        assert measured[-1] == op1.replace(optimizer_impl="fused")
+        # still searched by the sampler
+        assert "optimizer_impl" not in sampling_space(search, study.user_attrs).fixed
