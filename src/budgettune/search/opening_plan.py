@@ -96,14 +96,16 @@ def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str]
         return
     if not any(p.finished for p in points if p.label == FULL_AC):
         return
+    attrs = study.user_attrs  # read from the storage once, the settlements above included
+    holding = held(attrs)
     given = as_given(search)
-    base = given.replace(**held(study.user_attrs))
-    policies = sampling_space(search, study.user_attrs).block_ac_policies
+    base = given.replace(**holding)
+    policies = sampling_space(search, attrs).block_ac_policies
     step = next_structured(search, points, base, policies)
     if step is None and all(
         p.finished for p in points if (p.label or "").startswith(STRUCTURED_PREFIX)
     ):  # the map is complete: the unsettled free choices, at the fastest point that fits
-        step = next_flip(search, points, held(study.user_attrs), given)
+        step = next_flip(search, points, holding, given)
     if step is not None:
         label, spec = step
         enqueue_baseline(study, search, label, spec)
