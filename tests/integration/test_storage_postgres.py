@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import optuna
 import psycopg
 import pytest
+import sqlalchemy
+from sqlalchemy.pool import NullPool
 
-from budgettune.errors import SchemaAheadError, SchemaBehindError
+from budgettune.errors import SchemaAheadError, SchemaBehindError, StorageError
 from budgettune.storage import (
     HEAD_REVISION,
     VERSION_TABLE,
@@ -15,6 +19,8 @@ from budgettune.storage import (
     study_names,
     upgrade,
 )
+from budgettune.storage.coordination import database_errors
+from budgettune.storage.engine import normalize_url
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -102,3 +108,70 @@ def test_migration_from_empty_and_from_revision_0001(pg_url: str) -> None:
         connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = 'ffff9999'")
     with pytest.raises(SchemaAheadError, match="newer budgettune"):
         open_storage(pg_url)
+
+
+def _failover(admin: psycopg.Connection, name: str) -> None:
+    """The server refuses the database and drops every connection to it."""
+    admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+    )
+
+
+def test_a_dropped_connection_is_reported_in_the_servers_words(pg_url: str) -> None:
+    # The worker's one line when the database goes away: a connection cut inside a transaction
+    # whose first error was swallowed (as Optuna's storage can) then raises SQLAlchemy's
+    # PendingRollbackError, which does not say what happened; the server's refusal does.
+    url = normalize_url(pg_url)
+    name = pg_url.rsplit("/", 1)[1]
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    connection = engine.connect()
+    connection.exec_driver_sql("SELECT 1")  # a transaction is open
+    admin = psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", autocommit=True)
+    try:
+        _failover(admin, name)
+        with contextlib.suppress(sqlalchemy.exc.OperationalError):  # the swallowed one
+            connection.exec_driver_sql("SELECT 1")
+        with pytest.raises(StorageError) as raised, database_errors(url):
+            connection.exec_driver_sql("SELECT 1")
+        assert isinstance(raised.value.__context__, sqlalchemy.exc.PendingRollbackError)
+        line = str(raised.value)
+        assert line.startswith(f"storage postgresql+psycopg://postgres@127.0.0.1:5432/{name}: ")
+        assert "is not currently accepting connections" in line, line
+        assert "\n" not in line
+        # Back up, the same error says no more than SQLAlchemy's words: nothing refused.
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        with (
+            pytest.raises(StorageError, match="invalid transaction is rolled back"),
+            database_errors(url),
+        ):
+            connection.exec_driver_sql("SELECT 1")
+    finally:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        admin.close()
+        with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
+            connection.close()
+        engine.dispose()
+
+
+def test_the_drivers_error_is_found_behind_optunas_own() -> None:
+    # Optuna wraps the driver's error (StorageInternalError from it), and its own error
+    # handling can raise again while handling that: the driver's words are reported.
+    driver = sqlalchemy.exc.OperationalError(
+        "SELECT 1", {}, Exception("server closed the connection")
+    )
+    try:
+        try:
+            try:
+                raise driver
+            except sqlalchemy.exc.OperationalError as exc:
+                raise sqlalchemy.exc.PendingRollbackError("Can't reconnect") from exc
+        except sqlalchemy.exc.PendingRollbackError:
+            raise UnboundLocalError("updated_state")  # noqa: B904 - as Optuna's _run_trial does
+    except UnboundLocalError as exc:
+        error = exc
+    with (
+        pytest.raises(StorageError, match="server closed the connection$"),
+        database_errors("sqlite:///x.db"),
+    ):
+        raise error

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 import sqlalchemy
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from budgettune.errors import StorageError
@@ -156,6 +156,13 @@ def database_errors(url: str) -> Iterator[None]:
     ``UnboundLocalError`` from its own error handling (``_run_trial`` reads ``updated_state``
     after ``tell`` and ``get_trial`` both failed); the database error is then in the
     exception's context chain, so the chain is searched, by type, for it.
+
+    The error found may not carry the server's words: Optuna's storage can swallow the first
+    error of a dropped connection, and the next use of that connection raises SQLAlchemy's
+    own "Can't reconnect until invalid transaction is rolled back". For such an error the
+    database is asked once more on a fresh connection, and its refusal, if it refuses, is
+    the line reported: "not currently accepting connections" says what happened, the
+    pending rollback does not.
     """
     try:
         yield
@@ -165,18 +172,40 @@ def database_errors(url: str) -> Iterator[None]:
         cause = _database_cause(exc)
         if cause is None:
             raise
+        if not isinstance(cause, DBAPIError):
+            cause = _refusal(url) or cause
         raise StorageError(f"storage {display_url(url)}: {driver_line(cause)}") from None
 
 
 def _database_cause(exc: BaseException) -> BaseException | None:
-    """The first SQLAlchemy error in ``exc``'s cause/context chain (preferring the driver's)."""
+    """The driver's error in ``exc``'s cause/context chain, else the first SQLAlchemy error."""
     seen: set[int] = set()
     current: BaseException | None = exc
     found: BaseException | None = None
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, SQLAlchemyError):
+        if isinstance(current, DBAPIError):
+            return current
+        if found is None and isinstance(current, SQLAlchemyError):
             found = current
-            break
         current = current.__cause__ or current.__context__
     return found
+
+
+def _refusal(url: str) -> DBAPIError | None:
+    """The driver's error when a fresh connection to ``url`` fails, else None."""
+    engine = sqlalchemy.create_engine(
+        url,
+        poolclass=NullPool,
+        **engine_kwargs(url),  # type: ignore[arg-type]
+    )
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SELECT 1")
+    except DBAPIError as exc:
+        return exc
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+    return None
