@@ -7,10 +7,15 @@
 #
 #   [BT_SAMPLERS="tpe gp"] bash benchmarks/grid_vs_search_gpu.sh WAIT_S [NAME...]   (device, .whl)
 #
+# Each worker keeps to its own share of the host's CPUs (benchmarks/cpu_share.py), so one GPU's
+# compile does not slow another's timed steps. Once every search is done, each GPU takes one
+# workload's head-to-head (`grid_vs_search final`): the grid's fastest fitting points and the
+# pins, timed alike in rotating rounds (final.jsonl; the verdict, `report --final`).
+#
 # The first call starts a detached driver (state in /tmp/bt-grid30, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/grid30.tar: the grid
-# (grid30.jsonl), the search records (records.jsonl), the pins, the studies (SQLite backups)
-# and the logs. The work outlasts one 30-minute lease: put what came back in
+# (grid30.jsonl), the search records (records.jsonl), the head-to-head (final.jsonl), the pins,
+# the studies (SQLite backups) and the logs. The work outlasts one 30-minute lease: put what came back in
 # benchmarks/results/grid30/ and the next machine's first call resumes from it (grid points
 # and searches already recorded are skipped; a study cut off resumes its trials).
 set -uo pipefail
@@ -34,7 +39,7 @@ fi
 
 if bt_needs_driver "$state"; then
     rm -rf "$state/src" && mkdir -p "$state/src" && cp -r benchmarks "$state/src/"
-    for f in grid30.jsonl records.jsonl; do
+    for f in grid30.jsonl records.jsonl final.jsonl; do
         [ -f "$state/out/$f" ] || cp "$kept/$f" "$state/out/" 2>/dev/null
     done
     for db in "$kept"/*.db; do
@@ -43,7 +48,7 @@ if bt_needs_driver "$state"; then
     { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
       nproc; } >> "$state/out/device.txt" 2>&1
-    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+    gpus_list=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd' ' -)
     declare -p PYTHONPATH PYTHONPYCACHEPREFIX | sed 's/^declare -x/export/' > "$state/env.sh"
     cat > "$state/driver.sh" <<EOF
 #!/usr/bin/env bash
@@ -52,8 +57,12 @@ source "$state/env.sh"
 export PYTHONUNBUFFERED=1
 out=$state/out
 claims=$state/claims
+share() {  # this worker's shell (and all it starts) on CPU share \$1 of \$2
+    python3 -m benchmarks.cpu_share \$BASHPID \$1 \$2
+}
 worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds
     local g=\$1
+    share \$2 \$3
     for name in $names; do
         python3 -m benchmarks.grid_vs_search grid \$name --out \$out/grid30.jsonl --gpus \$g \
             --claims \$claims --stop-after 100000 >> \$out/grid-\$name-gpu\$g.txt 2>&1
@@ -71,9 +80,23 @@ worker() {  # one GPU: every workload in turn, its unclaimed grid points, then i
     done
     echo "== GPU \$g: nothing left, \$(date -u +%FT%TZ)"
 }
-for g in ${gpus//,/ }; do worker \$g & done
+finals() {  # one GPU, once every search is done: the head-to-heads no other GPU has claimed
+    local g=\$1
+    share \$2 \$3
+    for name in $names; do
+        echo "== GPU \$g: final \$name, \$(date -u +%FT%TZ)"
+        python3 -m benchmarks.grid_vs_search final \$name --grid \$out/grid30.jsonl \
+            --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$g \
+            --claims \$claims >> \$out/final-\$name.txt 2>&1
+    done
+}
+gpus=($gpus_list)
+for i in \${!gpus[@]}; do worker \${gpus[\$i]} \$i \${#gpus[@]} & done
 wait
-python3 -m benchmarks.grid_vs_search report --records \$out/records.jsonl > \$out/report.md 2>&1
+for i in \${!gpus[@]}; do finals \${gpus[\$i]} \$i \${#gpus[@]} & done
+wait
+python3 -m benchmarks.grid_vs_search report --records \$out/records.jsonl \
+    --final \$out/final.jsonl > \$out/report.md 2>&1
 echo "== driver done, \$(date -u +%FT%TZ)"
 EOF
     bt_start_driver "$state"

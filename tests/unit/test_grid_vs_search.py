@@ -108,3 +108,106 @@ def test_a_search_waits_for_the_points_other_workers_still_measure(tmp_path: Pat
     ]
     grid.write_text(grid.read_text() + "".join(json.dumps(r) + "\n" for r in rest))
     assert len(g30._await_grid([grid], "gpt2m", wait_s=60.0, full=True)) == 19
+
+
+def _grid_point(label: str, peak_gb: float, ms: float) -> dict:
+    config = next(c for c in g30.grid_configs("gpt2m") if c["label"] == label)
+    return {**config, **_record(label, peak_gb, ms)}
+
+
+def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grid = [
+        _grid_point("gpt2m-budget-1.0", 13.94, 51.8),  # over the limit
+        _grid_point("gpt2m-full-ac-every-1", 6.39, 63.9),
+        _grid_point("gpt2m-fused-full-ac-every-2", 9.01, 56.7),
+        _grid_point("gpt2m-op-ac-every-1", 6.73, 57.8),
+        _grid_point("gpt2m-full-ac-every-2", 9.24, 59.6),
+    ]
+    pin = {"activation_memory_budget": 0.48, "block_ac_every": 1, "timed_steps": 5}
+    records = [
+        {"workload": "gpt2m", "seed": 0, "pin_spec": pin},
+        {"workload": "gpt2m", "seed": 1, "sampler": "gp", "pin_spec": pin},
+        {"workload": "vit", "seed": 0, "pin_spec": pin},  # another workload's
+    ]
+    candidates = g30.final_configs("gpt2m", grid, records)
+    assert [c["label"] for c in candidates] == [
+        "gpt2m-fused-full-ac-every-2", "gpt2m-op-ac-every-1", "gpt2m-full-ac-every-2",
+        "pin-grid30-gpt2m-s0", "pin-grid30-gpt2m-s1-gp",
+    ]  # fmt: skip
+    # all timed alike, whatever steps the grid or the search used
+    assert {c["spec"]["timed_steps"] for c in candidates} == {g30.FINAL_STEPS["timed_steps"]}
+    assert candidates[3]["spec"]["activation_memory_budget"] == 0.48
+    assert candidates[3]["workload"] == "hf:gpt2" and candidates[3]["options"]["n_layer"] == 24
+    # every round starts with another candidate
+    firsts = [g30.final_order(candidates, r)[0]["label"] for r in range(len(candidates))]
+    assert len(set(firsts)) == len(candidates)
+    assert sorted(c["label"] for c in g30.final_order(candidates, 7)) == sorted(
+        c["label"] for c in candidates
+    )
+
+    # `final` measures every candidate each round, appends, and resumes where it stopped
+    times = {"gpt2m-fused-full-ac-every-2": [58.0, 57.0, 90.0], "pin-grid30-gpt2m-s0": [57.5] * 3}
+    calls: list[tuple[str, str]] = []
+
+    def measure(config: dict, *, device: str, args: object) -> dict:
+        calls.append((config["label"], device))
+        ms = times.get(config["label"], [70.0] * 3)[
+            sum(c[0] == config["label"] for c in calls) - 1
+        ]
+        peak = 11e9 if config["label"].endswith("-gp") else 9e9
+        measurement = {"peak_device_bytes": int(peak), "peak_allocated_bytes": int(peak * 0.9)}
+        measurement |= {"step_time_ms": ms, "peak_phase": "backward", "compile_s": 20.0}
+        result = {"measurement": measurement, "outcome": "ok", "wall_s": 30.0}
+        return {**config, "result": result, "device_index": device}
+
+    monkeypatch.setattr(reference, "measure", measure)
+    paths = [tmp_path / n for n in ("grid.jsonl", "records.jsonl")]
+    for path, rows in zip(paths, (grid, records), strict=True):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "final.jsonl"
+    argv = ["final", "gpt2m", "--grid", str(paths[0]), "--records", str(paths[1])]
+    argv += ["--out", str(out), "--gpus", "3", "--rounds", "2"]
+    assert g30.main(argv) == 0
+    assert len(calls) == 2 * 5 and {d for _, d in calls} == {"cuda:3"}
+    assert g30.main([*argv[:-1], "3"]) == 0  # a third round: only it is measured
+    assert len(calls) == 3 * 5
+    rows = {r["pin"]: r for r in g30.final_rows(g30._read_jsonl([out]))}
+    s0, gp = rows["pin-grid30-gpt2m-s0"], rows["pin-grid30-gpt2m-s1-gp"]
+    # medians: the grid point's 90 ms round does not count against it
+    assert s0["grid_best"] == "gpt2m-fused-full-ac-every-2" and s0["grid_best_ms"] == 58.0
+    assert s0["rounds"] == 3 and s0["vs_grid_best"] == pytest.approx(57.5 / 58.0 - 1)
+    assert s0["fits"] and not gp["fits"]  # 11 GB against a 10.16 GB limit
+    table = g30.final_report(g30._read_jsonl([out]))
+    assert "| gpt2m | pin-grid30-gpt2m-s0 | 3 | 57.5 | 9.00 / 10.16 |" in table
+    assert "11.00 / 10.16 (over)" in table and "-0.9%" in table and "+20.7%" in table
+    # no pin recorded yet: nothing to hold the grid against
+    (tmp_path / "none.jsonl").write_text("")
+    assert g30.main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
+
+
+def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
+    from benchmarks import cpu_share
+
+    cpus = list(range(64))
+    parts = [cpu_share.share(cpus, i, 4) for i in range(4)]
+    assert parts[0] == list(range(16)) and parts[3] == list(range(48, 64))
+    assert set().union(*parts) == set(cpus)  # disjoint and complete
+    # a cpuset that is not 0..N-1, and more workers than CPUs
+    assert cpu_share.share([3, 1, 7, 5, 9], 1, 2) == [5, 7]
+    assert cpu_share.share([2], 1, 2) == [2]
+    with pytest.raises(ValueError, match="not one of 2"):
+        cpu_share.share(cpus, 2, 2)
+    # on a real process: its affinity becomes that share (and its later children inherit it)
+    import os
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        allowed = os.sched_getaffinity(child.pid)
+        assert cpu_share.main([str(child.pid), "0", "2"]) == 0
+        assert os.sched_getaffinity(child.pid) == set(cpu_share.share(allowed, 0, 2))
+    finally:
+        child.kill()
+        child.wait()
