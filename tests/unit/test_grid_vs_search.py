@@ -211,3 +211,74 @@ def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_contention_check_times_one_point_alone_beside_compiles_and_on_cpu_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from benchmarks import contention
+
+    config = contention.subject_config("gpt2m-full-ac-every-2")
+    assert config["spec"]["block_ac_every"] == 2 and config["spec"]["timed_steps"] == 20
+    with pytest.raises(SystemExit, match="no grid30 configuration"):
+        contention.subject_config("gpt2m-nope")
+    command = contention.neighbour_command(3, tmp_path / "n.jsonl", tmp_path / "runs")
+    assert command[1:5] == ["-m", "benchmarks.reference", "--set", "grid30-llama1b"]
+    assert "--cache" not in command and command[command.index("--gpus") + 1] == "3"
+
+    # the phases, with a sleeping neighbour in place of the compiling grid
+    seen: list[tuple[str, int, list[set[int]]]] = []
+    neighbours: list[int] = []
+
+    def sleeper(gpu: int, out: Path, runs_dir: Path) -> list[str]:
+        return ["sleep", "60"]
+
+    def measure(config: dict, *, device: str, args: object) -> dict:
+        pids = [int(p) for p in neighbours]
+        seen.append(
+            (device, len(os.sched_getaffinity(0)), [os.sched_getaffinity(p) for p in pids])
+        )
+        m = {"step_time_ms": 60.0 + len(seen), "peak_device_bytes": 9, "peak_allocated_bytes": 8}
+        m |= {"peak_phase": "backward", "compile_s": 1.0}
+        return {**config, "result": {"measurement": m, "outcome": "ok", "wall_s": 1.0},
+                "device_index": device}  # fmt: skip
+
+    started = contention._start_neighbours
+
+    def start(gpus, work, *, cpus):  # type: ignore[no-untyped-def]
+        processes = started(gpus, work, cpus=cpus)
+        neighbours[:] = [p.pid for p in processes]
+        return processes
+
+    monkeypatch.setattr(contention, "neighbour_command", sleeper)
+    monkeypatch.setattr(contention, "_start_neighbours", start)
+    monkeypatch.setattr(contention, "SETTLE_S", 0.0)
+    monkeypatch.setattr(reference, "measure", measure)
+    allowed = os.sched_getaffinity(0)
+    out = tmp_path / "c.jsonl"
+    argv = ["--out", str(out), "--gpu", "2", "--neighbours", "5", "--repeats", "2"]
+    assert contention.main([*argv, "--work", str(tmp_path / "w")]) == 0
+    records = g30._read_jsonl([out])
+    assert [r["phase"] for r in records] == ["alone"] * 2 + ["busy"] * 2 + ["shares"] * 2
+    assert {d for d, _, _ in seen} == {"cuda:2"}
+    half = cpu_share_of(allowed)
+    # alone and busy: all CPUs; shares: the subject on share 0, the neighbour on share 1
+    assert [n for _, n, _ in seen[1:5]] == [len(allowed)] * 4
+    assert [n for _, n, _ in seen[5:]] == [len(half[0])] * 2
+    assert seen[5][2] == [set(half[1])]
+    assert os.sched_getaffinity(0) == allowed  # given back
+    assert all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in neighbours)
+    assert "alone   n=2 median 62.5 ms (min 62.0, max 63.0)" in contention.summary(records)
+
+
+def cpu_share_of(allowed: set[int]) -> list[list[int]]:
+    from benchmarks import cpu_share
+
+    return [cpu_share.share(allowed, i, 2) for i in range(2)]
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1].startswith("Z")
