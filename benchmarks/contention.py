@@ -34,7 +34,8 @@ from typing import Any
 
 from benchmarks import reference
 from benchmarks.cpu_share import share
-from benchmarks.grid_vs_search import FINAL_STEPS, grid_configs
+from benchmarks.grid30_final import FINAL_STEPS
+from benchmarks.grid_vs_search import grid_configs
 
 PHASES = ("alone", "busy", "shares")
 NEIGHBOUR_SET = "grid30-llama1b"

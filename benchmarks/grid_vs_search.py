@@ -6,9 +6,7 @@ For each workload (transformers models through ``hf:``, not the built-ins' defau
     python -m benchmarks.grid_vs_search grid gpt2m --out G.jsonl --gpus 0,1     # resumable
     python -m benchmarks.grid_vs_search search gpt2m --grid G.jsonl --seed 0 \\
         --storage sqlite:///S.db --pins DIR --out R.jsonl [--gpus 0]
-    python -m benchmarks.grid_vs_search final gpt2m --grid G.jsonl --records R.jsonl \\
-        --out F.jsonl --gpus 0                                                   # resumable
-    python -m benchmarks.grid_vs_search report --records R.jsonl [--final F.jsonl]
+    python -m benchmarks.grid_vs_search report --records R.jsonl
 
 ``grid`` measures the hand grid, each configuration in a fresh process
 (`benchmarks.reference.measure`): block AC every 1, 2, 4 blocks x the full and op policies x
@@ -21,13 +19,8 @@ step time, the grid's fastest configuration under the same limit with the same m
 distance. ``report`` prints one row per workload and seed (target: every seed within 2 % of the
 grid's best, or faster).
 
-The grid point and the pin in that row were timed at different times, each beside whatever
-the host's other GPUs were doing then; on one H100 host the same GPT-2 medium point measured
-63.6 ms and, on a second host while three searches compiled beside it, 76.8 ms
-(results/grid30-nvidia-h100-80gb-hbm3/). A 2 % target needs both sides timed alike, so
-``final`` measures them head to head: the grid's fastest fitting points and every seed's pin,
-each in a fresh process, in ``FINAL_ROUNDS`` rounds whose order rotates, all with the same
-steps; ``report --final`` holds each pin's median against the best grid point's median.
+The grid point and the pin in that row were timed at different moments, beside different
+neighbours; the verdict is taken head to head (`benchmarks.grid30_final`).
 """
 
 from __future__ import annotations
@@ -50,12 +43,6 @@ MARGIN = 0.03
 """The search's default margin: the grid's best is held to the same rule of fits."""
 TRIALS = 12
 """The issue's budget of trials per search."""
-FINAL_GRID_POINTS = 3
-"""How many of the grid's fastest fitting points meet the pins head to head."""
-FINAL_ROUNDS = 3
-"""Rounds of the head-to-head; each candidate's median over them is compared."""
-FINAL_STEPS = {"warmup_steps": 3, "timed_steps": 20}
-"""The steps of every head-to-head measurement (the search's pins timed 5, the grid 8)."""
 
 
 def grid_configs(name: str, *, warmup: int = 2, timed: int = 8) -> list[dict[str, Any]]:
@@ -97,129 +84,6 @@ def grid_best(
         if best is None or m["step_time_ms"] < best["result"]["measurement"]["step_time_ms"]:
             best = record
     return best
-
-
-def final_configs(
-    name: str, grid: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The head-to-head's candidates for ``name``: the grid's `FINAL_GRID_POINTS` fastest
-    points that fit the limit with the margin, then each recorded search's pin (labelled
-    ``pin-STUDY``), all with `FINAL_STEPS`."""
-    limit = limit_bytes(grid, name)
-    if limit is None:
-        return []
-    fitting = [
-        r
-        for r in grid
-        if r["label"].startswith(f"{name}-")
-        and r["result"].get("measurement")
-        and r["result"]["measurement"]["peak_device_bytes"] * (1 + MARGIN) <= limit
-    ]
-    fitting.sort(key=lambda r: r["result"]["measurement"]["step_time_ms"])
-    candidates = [
-        {
-            "label": r["label"],
-            "kind": "grid",
-            "family": "grid30-final",
-            "workload": r["workload"],
-            "options": r["options"],
-            "spec": {**r["spec"], **FINAL_STEPS},
-        }
-        for r in fitting[:FINAL_GRID_POINTS]
-    ]
-    workload, options = WORKLOADS[name]
-    for row in records:
-        if row["workload"] != name:
-            continue
-        candidates.append(
-            {
-                "label": "pin-" + study_of(name, row["seed"], row.get("sampler", "tpe")),
-                "kind": "pin",
-                "family": "grid30-final",
-                "workload": workload,
-                "options": options,
-                "spec": {**row["pin_spec"], **FINAL_STEPS},
-            }
-        )
-    return candidates
-
-
-def final_order(candidates: Sequence[dict[str, Any]], round_: int) -> list[dict[str, Any]]:
-    """Round ``round_``'s order: the candidates rotated by the round, so no candidate is always
-    first (the one after a long idle) or always last."""
-    if not candidates:
-        return []
-    shift = round_ % len(candidates)
-    return [*candidates[shift:], *candidates[:shift]]
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def final_rows(final: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per pin of the head-to-head: its median step time against the best grid
-    point's median (only rounds that measured; a pin over the limit in any round says so)."""
-    by_workload: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for record in final:
-        by_workload.setdefault(record["workload_name"], {}).setdefault(record["label"], [])
-        by_workload[record["workload_name"]][record["label"]].append(record)
-    rows = []
-    for name, labels in by_workload.items():
-        medians: dict[str, float] = {}
-        peaks: dict[str, int] = {}
-        for label, records in labels.items():
-            measured = [
-                r["result"]["measurement"] for r in records if r["result"].get("measurement")
-            ]
-            if measured:
-                medians[label] = _median([m["step_time_ms"] for m in measured])
-                peaks[label] = max(m["peak_device_bytes"] for m in measured)
-        limit = next(iter(labels.values()))[0]["limit_bytes"]
-        grid = {k: v for k, v in medians.items() if not k.startswith("pin-")}
-        best = min(grid, key=grid.__getitem__) if grid else None
-        for label in sorted(k for k in labels if k.startswith("pin-")):
-            ms = medians.get(label)
-            rows.append(
-                {
-                    "workload": name,
-                    "pin": label,
-                    "rounds": len(labels[label]),
-                    "pin_ms": ms,
-                    "pin_peak_bytes": peaks.get(label),
-                    "fits": label in peaks and peaks[label] <= limit,
-                    "limit_bytes": limit,
-                    "grid_best": best,
-                    "grid_best_ms": grid.get(best) if best else None,
-                    "vs_grid_best": None if ms is None or best is None else ms / grid[best] - 1,
-                }
-            )
-    return rows
-
-
-def final_report(final: Sequence[dict[str, Any]]) -> str:
-    """The README's head-to-head table: one row per pin."""
-    lines = [
-        "| workload | pin | rounds | pin ms (median) | peak GB / limit | grid best | grid ms "
-        "(median) | vs grid best |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-
-    def figure(value: float | None, scale: float = 1.0) -> str:
-        return "-" if value is None else f"{value / scale:.2f}" if scale != 1.0 else f"{value:.1f}"
-
-    for row in final_rows(final):
-        vs = row["vs_grid_best"]
-        over = "" if row["fits"] else " (over)"
-        lines.append(
-            f"| {row['workload']} | {row['pin']} | {row['rounds']} | {figure(row['pin_ms'])} | "
-            f"{figure(row['pin_peak_bytes'], 1e9)} / {row['limit_bytes'] / 1e9:.2f}{over} | "
-            f"{row['grid_best']} | {figure(row['grid_best_ms'])} | "
-            f"{'-' if vs is None else f'{vs:+.1%}'} |"
-        )
-    return "\n".join(lines)
 
 
 def study_of(name: str, seed: int, sampler: str = "tpe") -> str:
@@ -333,14 +197,14 @@ def _await_grid(
     wanted = {c["label"] for c in grid_configs(name)} if full else set()
     deadline = time.monotonic() + wait_s
     while True:
-        grid = _read_jsonl(paths)
+        grid = read_jsonl(paths)
         ready = wanted <= {r["label"] for r in grid} and limit_bytes(grid, name) is not None
         if ready or time.monotonic() >= deadline:
             return grid
         time.sleep(10)
 
 
-def _read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
+def read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return [
         json.loads(line)
         for path in paths
@@ -377,19 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="folder shared with other GPUs' workers: run only if this search is unclaimed, "
         "and wait for the grid points that they still measure",
     )
-    p_final = sub.add_parser("final", help="the grid's best points and the pins, head to head")
-    p_final.add_argument("name", choices=sorted(WORKLOADS))
-    p_final.add_argument("--grid", nargs="+", type=Path, required=True)
-    p_final.add_argument("--records", nargs="+", type=Path, required=True)
-    p_final.add_argument("--out", type=Path, required=True, help="JSON-lines file (appended)")
-    p_final.add_argument("--gpus", default="", help="the one GPU index to measure on")
-    p_final.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
-    p_final.add_argument("--runs-dir", type=Path, default=Path("/tmp/budgettune-bench/final"))
-    p_final.add_argument("--timeout", type=float, default=420.0, help="seconds per measurement")
-    p_final.add_argument("--claims", type=Path, default=None, help="run only if unclaimed")
     p_report = sub.add_parser("report", help="the README's table")
     p_report.add_argument("--records", nargs="+", type=Path, required=True)
-    p_report.add_argument("--final", nargs="*", type=Path, default=[])
     args = parser.parse_args(argv)
 
     if args.what == "grid":
@@ -401,18 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv_ref += ["--set", name]
         return reference.main(argv_ref)
     if args.what == "report":
-        print(report(_read_jsonl(args.records)))
-        if args.final:
-            print("\nHead to head (`final`):\n")
-            print(final_report(_read_jsonl(args.final)))
+        print(report(read_jsonl(args.records)))
         return 0
-    if args.what == "final":
-        return _final(args)
     study = study_of(args.name, args.seed, args.sampler)
     if any(
         r["workload"] == args.name and r["seed"] == args.seed
         and r.get("sampler", "tpe") == args.sampler
-        for r in _read_jsonl([args.out])
+        for r in read_jsonl([args.out])
     ):  # fmt: skip
         print(f"{study}: recorded in {args.out} already")
         return 0
@@ -460,38 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with args.out.open("a") as out:
         out.write(json.dumps(row, sort_keys=True) + "\n")
     print(report([row]))
-    return 0
-
-
-def _final(args: argparse.Namespace) -> int:
-    grid = _read_jsonl(args.grid)
-    candidates = final_configs(args.name, grid, _read_jsonl(args.records))
-    if not any(c["kind"] == "pin" for c in candidates):
-        print(f"final {args.name}: no pin recorded in {args.records} yet", file=sys.stderr)
-        return 2
-    if args.claims and not reference.claim(args.claims, f"final-{args.name}"):
-        print(f"final {args.name}: claimed by another worker")
-        return 0
-    limit = limit_bytes(grid, args.name)
-    done = {
-        (r["label"], r["round"])
-        for r in _read_jsonl([args.out])
-        if r["workload_name"] == args.name
-    }
-    device = f"cuda:{args.gpus}" if args.gpus else "cuda"
-    measuring = argparse.Namespace(runs_dir=args.runs_dir, cache=True, timeout=args.timeout)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    for round_ in range(args.rounds):
-        for config in final_order(candidates, round_):
-            if (config["label"], round_) in done:
-                continue
-            measured = reference.measure(config, device=device, args=measuring)
-            measured.update(workload_name=args.name, round=round_, limit_bytes=limit)
-            with args.out.open("a") as out:
-                out.write(json.dumps(measured, sort_keys=True) + "\n")
-            print(f"round {round_}: {reference.summary(measured)}", flush=True)
-    rows = [r for r in _read_jsonl([args.out]) if r["workload_name"] == args.name]
-    print(final_report(rows))
     return 0
 
 

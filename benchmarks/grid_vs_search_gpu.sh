@@ -9,8 +9,8 @@
 #
 # Each worker keeps to its own share of the host's CPUs (benchmarks/cpu_share.py), so one GPU's
 # compile does not slow another's timed steps. Once every search is done, each GPU takes one
-# workload's head-to-head (`grid_vs_search final`): the grid's fastest fitting points and the
-# pins, timed alike in rotating rounds (final.jsonl; the verdict, `report --final`).
+# workload's head-to-head (`benchmarks/grid30_final.py`): the grid's fastest fitting points
+# and the pins, timed alike in rotating rounds (final.jsonl, the verdict).
 #
 # The first call starts a detached driver (state in /tmp/bt-grid30, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/grid30.tar: the grid
@@ -85,7 +85,7 @@ finals() {  # one GPU, once every search is done: the head-to-heads no other GPU
     share \$2 \$3
     for name in $names; do
         echo "== GPU \$g: final \$name, \$(date -u +%FT%TZ)"
-        python3 -m benchmarks.grid_vs_search final \$name --grid \$out/grid30.jsonl \
+        python3 -m benchmarks.grid30_final measure \$name --grid \$out/grid30.jsonl \
             --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$g \
             --claims \$claims >> \$out/final-\$name.txt 2>&1
     done
@@ -95,8 +95,8 @@ for i in \${!gpus[@]}; do worker \${gpus[\$i]} \$i \${#gpus[@]} & done
 wait
 for i in \${!gpus[@]}; do finals \${gpus[\$i]} \$i \${#gpus[@]} & done
 wait
-python3 -m benchmarks.grid_vs_search report --records \$out/records.jsonl \
-    --final \$out/final.jsonl > \$out/report.md 2>&1
+{ python3 -m benchmarks.grid_vs_search report --records \$out/records.jsonl
+  echo; python3 -m benchmarks.grid30_final report \$out/final.jsonl; } > \$out/report.md 2>&1
 echo "== driver done, \$(date -u +%FT%TZ)"
 EOF
     bt_start_driver "$state"

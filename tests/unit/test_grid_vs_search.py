@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from benchmarks import grid30_final as final
 from benchmarks import grid_vs_search as g30
 from benchmarks import reference
 
@@ -131,19 +132,19 @@ def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
         {"workload": "gpt2m", "seed": 1, "sampler": "gp", "pin_spec": pin},
         {"workload": "vit", "seed": 0, "pin_spec": pin},  # another workload's
     ]
-    candidates = g30.final_configs("gpt2m", grid, records)
+    candidates = final.final_configs("gpt2m", grid, records)
     assert [c["label"] for c in candidates] == [
         "gpt2m-fused-full-ac-every-2", "gpt2m-op-ac-every-1", "gpt2m-full-ac-every-2",
         "pin-grid30-gpt2m-s0", "pin-grid30-gpt2m-s1-gp",
     ]  # fmt: skip
     # all timed alike, whatever steps the grid or the search used
-    assert {c["spec"]["timed_steps"] for c in candidates} == {g30.FINAL_STEPS["timed_steps"]}
+    assert {c["spec"]["timed_steps"] for c in candidates} == {final.FINAL_STEPS["timed_steps"]}
     assert candidates[3]["spec"]["activation_memory_budget"] == 0.48
     assert candidates[3]["workload"] == "hf:gpt2" and candidates[3]["options"]["n_layer"] == 24
     # every round starts with another candidate
-    firsts = [g30.final_order(candidates, r)[0]["label"] for r in range(len(candidates))]
+    firsts = [final.final_order(candidates, r)[0]["label"] for r in range(len(candidates))]
     assert len(set(firsts)) == len(candidates)
-    assert sorted(c["label"] for c in g30.final_order(candidates, 7)) == sorted(
+    assert sorted(c["label"] for c in final.final_order(candidates, 7)) == sorted(
         c["label"] for c in candidates
     )
 
@@ -167,24 +168,24 @@ def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
     for path, rows in zip(paths, (grid, records), strict=True):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "final.jsonl"
-    argv = ["final", "gpt2m", "--grid", str(paths[0]), "--records", str(paths[1])]
+    argv = ["measure", "gpt2m", "--grid", str(paths[0]), "--records", str(paths[1])]
     argv += ["--out", str(out), "--gpus", "3", "--rounds", "2"]
-    assert g30.main(argv) == 0
+    assert final.main(argv) == 0
     assert len(calls) == 2 * 5 and {d for _, d in calls} == {"cuda:3"}
-    assert g30.main([*argv[:-1], "3"]) == 0  # a third round: only it is measured
+    assert final.main([*argv[:-1], "3"]) == 0  # a third round: only it is measured
     assert len(calls) == 3 * 5
-    rows = {r["pin"]: r for r in g30.final_rows(g30._read_jsonl([out]))}
+    rows = {r["pin"]: r for r in final.final_rows(g30.read_jsonl([out]))}
     s0, gp = rows["pin-grid30-gpt2m-s0"], rows["pin-grid30-gpt2m-s1-gp"]
     # medians: the grid point's 90 ms round does not count against it
     assert s0["grid_best"] == "gpt2m-fused-full-ac-every-2" and s0["grid_best_ms"] == 58.0
     assert s0["rounds"] == 3 and s0["vs_grid_best"] == pytest.approx(57.5 / 58.0 - 1)
     assert s0["fits"] and not gp["fits"]  # 11 GB against a 10.16 GB limit
-    table = g30.final_report(g30._read_jsonl([out]))
+    table = final.final_report(g30.read_jsonl([out]))
     assert "| gpt2m | pin-grid30-gpt2m-s0 | 3 | 57.5 | 9.00 / 10.16 |" in table
     assert "11.00 / 10.16 (over)" in table and "-0.9%" in table and "+20.7%" in table
     # no pin recorded yet: nothing to hold the grid against
     (tmp_path / "none.jsonl").write_text("")
-    assert g30.main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
+    assert final.main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
 
 
 def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
@@ -260,7 +261,7 @@ def test_the_contention_check_times_one_point_alone_beside_compiles_and_on_cpu_s
     out = tmp_path / "c.jsonl"
     argv = ["--out", str(out), "--gpu", "2", "--neighbours", "5", "--repeats", "2"]
     assert contention.main([*argv, "--work", str(tmp_path / "w")]) == 0
-    records = g30._read_jsonl([out])
+    records = g30.read_jsonl([out])
     assert [r["phase"] for r in records] == ["alone"] * 2 + ["busy"] * 2 + ["shares"] * 2
     assert {d for d, _, _ in seen} == {"cuda:2"}
     half = cpu_share_of(allowed)

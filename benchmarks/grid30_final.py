@@ -1,0 +1,215 @@
+"""Issue 30's verdict: the grid's fastest fitting points and every seed's pin, head to head.
+
+    python -m benchmarks.grid30_final measure gpt2m --grid G.jsonl --records R.jsonl \\
+        --out F.jsonl --gpus 0                                                   # resumable
+    python -m benchmarks.grid30_final report F.jsonl
+
+`benchmarks.grid_vs_search` records each pin beside the grid's best, but the two were timed at
+different moments, each beside whatever the host's other GPUs were doing then: on one H100
+host the same GPT-2 medium point measured 63.6 ms and, on a second host while three searches
+compiled beside it, 76.8 ms (results/grid30-nvidia-h100-80gb-hbm3/). A 2 % target needs both
+sides timed alike, so ``measure`` times the grid's `FINAL_GRID_POINTS` fastest fitting points
+and every seed's pin, each in a fresh process with `FINAL_STEPS`, in `FINAL_ROUNDS` rounds
+whose order rotates; ``report`` holds each pin's median against the best grid point's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import reference
+from benchmarks.config_sets import WORKLOADS
+from benchmarks.grid_vs_search import MARGIN, limit_bytes, read_jsonl, study_of
+
+FINAL_GRID_POINTS = 3
+"""How many of the grid's fastest fitting points meet the pins head to head."""
+FINAL_ROUNDS = 3
+"""Rounds of the head-to-head; each candidate's median over them is compared."""
+FINAL_STEPS = {"warmup_steps": 3, "timed_steps": 20}
+"""The steps of every head-to-head measurement (the search's pins timed 5, the grid 8)."""
+
+
+def final_configs(
+    name: str, grid: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The head-to-head's candidates for ``name``: the grid's `FINAL_GRID_POINTS` fastest
+    points that fit the limit with the margin, then each recorded search's pin (labelled
+    ``pin-STUDY``), all with `FINAL_STEPS`."""
+    limit = limit_bytes(grid, name)
+    if limit is None:
+        return []
+    fitting = [
+        r
+        for r in grid
+        if r["label"].startswith(f"{name}-")
+        and r["result"].get("measurement")
+        and r["result"]["measurement"]["peak_device_bytes"] * (1 + MARGIN) <= limit
+    ]
+    fitting.sort(key=lambda r: r["result"]["measurement"]["step_time_ms"])
+    candidates = [
+        {
+            "label": r["label"],
+            "kind": "grid",
+            "family": "grid30-final",
+            "workload": r["workload"],
+            "options": r["options"],
+            "spec": {**r["spec"], **FINAL_STEPS},
+        }
+        for r in fitting[:FINAL_GRID_POINTS]
+    ]
+    workload, options = WORKLOADS[name]
+    for row in records:
+        if row["workload"] != name:
+            continue
+        candidates.append(
+            {
+                "label": "pin-" + study_of(name, row["seed"], row.get("sampler", "tpe")),
+                "kind": "pin",
+                "family": "grid30-final",
+                "workload": workload,
+                "options": options,
+                "spec": {**row["pin_spec"], **FINAL_STEPS},
+            }
+        )
+    return candidates
+
+
+def final_order(candidates: Sequence[dict[str, Any]], round_: int) -> list[dict[str, Any]]:
+    """Round ``round_``'s order: the candidates rotated by the round, so no candidate is always
+    first (the one after a long idle) or always last."""
+    if not candidates:
+        return []
+    shift = round_ % len(candidates)
+    return [*candidates[shift:], *candidates[:shift]]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def final_rows(final: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per pin of the head-to-head: its median step time against the best grid
+    point's median (only rounds that measured; a pin over the limit in any round says so)."""
+    by_workload: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for record in final:
+        by_workload.setdefault(record["workload_name"], {}).setdefault(record["label"], [])
+        by_workload[record["workload_name"]][record["label"]].append(record)
+    rows = []
+    for name, labels in by_workload.items():
+        medians: dict[str, float] = {}
+        peaks: dict[str, int] = {}
+        for label, records in labels.items():
+            measured = [
+                r["result"]["measurement"] for r in records if r["result"].get("measurement")
+            ]
+            if measured:
+                medians[label] = _median([m["step_time_ms"] for m in measured])
+                peaks[label] = max(m["peak_device_bytes"] for m in measured)
+        limit = next(iter(labels.values()))[0]["limit_bytes"]
+        grid = {k: v for k, v in medians.items() if not k.startswith("pin-")}
+        best = min(grid, key=grid.__getitem__) if grid else None
+        for label in sorted(k for k in labels if k.startswith("pin-")):
+            ms = medians.get(label)
+            rows.append(
+                {
+                    "workload": name,
+                    "pin": label,
+                    "rounds": len(labels[label]),
+                    "pin_ms": ms,
+                    "pin_peak_bytes": peaks.get(label),
+                    "fits": label in peaks and peaks[label] <= limit,
+                    "limit_bytes": limit,
+                    "grid_best": best,
+                    "grid_best_ms": grid.get(best) if best else None,
+                    "vs_grid_best": None if ms is None or best is None else ms / grid[best] - 1,
+                }
+            )
+    return rows
+
+
+def final_report(final: Sequence[dict[str, Any]]) -> str:
+    """The README's head-to-head table: one row per pin."""
+    lines = [
+        "| workload | pin | rounds | pin ms (median) | peak GB / limit | grid best | grid ms "
+        "(median) | vs grid best |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def figure(value: float | None, scale: float = 1.0) -> str:
+        return "-" if value is None else f"{value / scale:.2f}" if scale != 1.0 else f"{value:.1f}"
+
+    for row in final_rows(final):
+        vs = row["vs_grid_best"]
+        over = "" if row["fits"] else " (over)"
+        lines.append(
+            f"| {row['workload']} | {row['pin']} | {row['rounds']} | {figure(row['pin_ms'])} | "
+            f"{figure(row['pin_peak_bytes'], 1e9)} / {row['limit_bytes'] / 1e9:.2f}{over} | "
+            f"{row['grid_best']} | {figure(row['grid_best_ms'])} | "
+            f"{'-' if vs is None else f'{vs:+.1%}'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="what", required=True)
+    p_measure = sub.add_parser("measure", help="one workload's head to head (resumable)")
+    p_measure.add_argument("name", choices=sorted(WORKLOADS))
+    p_measure.add_argument("--grid", nargs="+", type=Path, required=True)
+    p_measure.add_argument("--records", nargs="+", type=Path, required=True)
+    p_measure.add_argument("--out", type=Path, required=True, help="JSON-lines file (appended)")
+    p_measure.add_argument("--gpus", default="", help="the one GPU index to measure on")
+    p_measure.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
+    p_measure.add_argument("--runs-dir", type=Path, default=Path("/tmp/budgettune-bench/final"))
+    p_measure.add_argument("--timeout", type=float, default=420.0, help="seconds per measurement")
+    p_measure.add_argument("--claims", type=Path, default=None, help="run only if unclaimed")
+    p_report = sub.add_parser("report", help="the README's table")
+    p_report.add_argument("final", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    if args.what == "report":
+        print(final_report(read_jsonl(args.final)))
+        return 0
+    return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> int:
+    grid = read_jsonl(args.grid)
+    candidates = final_configs(args.name, grid, read_jsonl(args.records))
+    if not any(c["kind"] == "pin" for c in candidates):
+        print(f"final {args.name}: no pin recorded in {args.records} yet", file=sys.stderr)
+        return 2
+    if args.claims and not reference.claim(args.claims, f"final-{args.name}"):
+        print(f"final {args.name}: claimed by another worker")
+        return 0
+    limit = limit_bytes(grid, args.name)
+    done = {
+        (r["label"], r["round"]) for r in read_jsonl([args.out]) if r["workload_name"] == args.name
+    }
+    device = f"cuda:{args.gpus}" if args.gpus else "cuda"
+    measuring = argparse.Namespace(runs_dir=args.runs_dir, cache=True, timeout=args.timeout)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for round_ in range(args.rounds):
+        for config in final_order(candidates, round_):
+            if (config["label"], round_) in done:
+                continue
+            measured = reference.measure(config, device=device, args=measuring)
+            measured.update(workload_name=args.name, round=round_, limit_bytes=limit)
+            with args.out.open("a") as out:
+                out.write(json.dumps(measured, sort_keys=True) + "\n")
+            print(f"round {round_}: {reference.summary(measured)}", flush=True)
+    rows = [r for r in read_jsonl([args.out]) if r["workload_name"] == args.name]
+    print(final_report(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
