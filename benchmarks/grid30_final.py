@@ -169,7 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_measure.add_argument("--out", type=Path, required=True, help="JSON-lines file (appended)")
     p_measure.add_argument("--gpus", default="", help="the one GPU index to measure on")
     p_measure.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
-    p_measure.add_argument("--runs-dir", type=Path, default=Path("/tmp/budgettune-bench/final"))
+    p_measure.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path("/tmp/budgettune-bench"),
+        help="the grid's (reference.py's) by default: its compile cache serves the grid points",
+    )
     p_measure.add_argument("--timeout", type=float, default=420.0, help="seconds per measurement")
     p_measure.add_argument("--claims", type=Path, default=None, help="run only if unclaimed")
     p_report = sub.add_parser("report", help="the README's table")
