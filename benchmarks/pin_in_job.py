@@ -180,4 +180,14 @@ def _version(name: str) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        # The report is written and the process group destroyed: leave without the
+        # interpreter's teardown, as budgettune's own trial ranks do. On torch 2.13's CPU build
+        # one rank in some runs aborted (SIGABRT) in that teardown after its work was done
+        # (Gloo's worker threads releasing tensors while Python finalises: pytorch/pytorch
+        # PR 179291, abandoned), and torchrun then failed the whole job.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
