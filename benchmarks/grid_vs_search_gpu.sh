@@ -14,10 +14,12 @@
 #
 # The first call starts a detached driver (state in /tmp/bt-grid30, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/grid30.tar: the grid
-# (grid30.jsonl), the search records (records.jsonl), the head-to-head (final.jsonl), the pins,
-# the studies (SQLite backups) and the logs. The work outlasts one 30-minute lease: put what came back in
-# benchmarks/results/grid30/ and the next machine's first call resumes from it (grid points
-# and searches already recorded are skipped; a study cut off resumes its trials).
+# (grid30.jsonl), the search records (records.jsonl), the head-to-head (final.jsonl), the
+# pins, the studies (SQLite backups) and the logs. The work outlasts one 30-minute lease: put
+# what came back in the folder the script names (benchmarks/results/grid30/ for H200s, with
+# the card's name appended for another card) before the next call, since a machine handed
+# back while idle comes back bare; the next machine's first call resumes from that folder
+# (grid points and searches already recorded are skipped; a study cut off resumes its trials).
 set -uo pipefail
 [ $# -ge 1 ] && [ "$1" -ge 0 ] 2>/dev/null || { echo "usage: bash benchmarks/grid_vs_search_gpu.sh WAIT_S [gpt2m llama1b vit]" >&2; exit 2; }
 wait_s=$1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import optuna
 import psycopg
@@ -175,3 +176,14 @@ def test_the_drivers_error_is_found_behind_optunas_own() -> None:
         database_errors("sqlite:///x.db"),
     ):
         raise error
+
+
+def test_a_sqlite_file_is_not_probed_for_a_refusal(tmp_path: Path) -> None:
+    # No server to ask; connecting would create the missing file: SQLAlchemy's words stay.
+    missing = tmp_path / "gone.db"
+    with (
+        pytest.raises(StorageError, match="Can't reconnect$"),
+        database_errors(f"sqlite:///{missing}"),
+    ):
+        raise sqlalchemy.exc.PendingRollbackError("Can't reconnect")
+    assert not missing.exists()

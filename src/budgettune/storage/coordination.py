@@ -193,7 +193,11 @@ def _database_cause(exc: BaseException) -> BaseException | None:
 
 
 def _refusal(url: str) -> DBAPIError | None:
-    """The driver's error when a fresh connection to ``url`` fails, else None."""
+    """The driver's error when a fresh connection to the server at ``url`` fails, else None
+    (and None for SQLite, where there is no server to refuse, and connecting would create a
+    missing file)."""
+    if sqlalchemy.make_url(url).get_backend_name() == "sqlite":
+        return None
     engine = sqlalchemy.create_engine(
         url,
         poolclass=NullPool,
