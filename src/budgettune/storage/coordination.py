@@ -28,6 +28,7 @@ from budgettune.storage.engine import (
     driver_line,
     engine_kwargs,
     normalize_url,
+    refusal,
     sqlite_file,
 )
 
@@ -204,12 +205,8 @@ def _refusal(url: str) -> DBAPIError | None:
         **engine_kwargs(url),  # type: ignore[arg-type]
     )
     try:
-        with engine.connect() as connection:
-            connection.exec_driver_sql("SELECT 1")
-    except DBAPIError as exc:
-        return exc
+        return refusal(engine)
     except SQLAlchemyError:
         return None
     finally:
         engine.dispose()
-    return None

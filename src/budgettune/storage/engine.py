@@ -185,14 +185,22 @@ def driver_line(exc: BaseException) -> str:
     return one_line(inner)
 
 
-def check_connection(engine: Engine, url: str) -> None:
-    """Open one connection and run ``SELECT 1``.
-
-    Raises:
-        StorageError: ``cannot connect to URL: reason`` when the database cannot be reached.
-    """
+def refusal(engine: Engine) -> DBAPIError | None:
+    """Open one connection and run ``SELECT 1``: the driver's error if that fails, else None."""
     try:
         with engine.connect() as connection:
             connection.exec_driver_sql("SELECT 1")
     except DBAPIError as exc:
-        raise connect_error(url, exc) from None
+        return exc
+    return None
+
+
+def check_connection(engine: Engine, url: str) -> None:
+    """Open one connection and run ``SELECT 1`` (`refusal`).
+
+    Raises:
+        StorageError: ``cannot connect to URL: reason`` when the database cannot be reached.
+    """
+    refused = refusal(engine)
+    if refused is not None:
+        raise connect_error(url, refused) from None
