@@ -8,7 +8,7 @@ on another, where three Llama-1B searches compiled on the other GPUs
         [--gpu 0] [--neighbours 1,2,3] [--repeats 3]
 
 Three phases, each ``--repeats`` fresh-process measurements of the subject (a grid30
-configuration, with `grid_vs_search.FINAL_STEPS`) on ``--gpu``:
+configuration, with `grid30_final.FINAL_STEPS`) on ``--gpu``:
 
 - ``alone``: nothing else runs on the host;
 - ``busy``: on every neighbour GPU a process compiles Llama-1B grid points one after another
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -73,10 +74,8 @@ def summary(records: Sequence[dict[str, Any]]) -> str:
         )
         if not times:
             continue
-        middle = len(times) // 2
-        median = times[middle] if len(times) % 2 else (times[middle - 1] + times[middle]) / 2
         lines.append(
-            f"{phase:<7} n={len(times)} median {median:.1f} ms "
+            f"{phase:<7} n={len(times)} median {statistics.median(times):.1f} ms "
             f"(min {times[0]:.1f}, max {times[-1]:.1f})"
         )
     return "\n".join(lines)

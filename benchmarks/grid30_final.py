@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,12 +89,6 @@ def final_order(candidates: Sequence[dict[str, Any]], round_: int) -> list[dict[
     return [*candidates[shift:], *candidates[:shift]]
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def final_rows(final: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per pin of the head-to-head: its median step time against the best grid
     point's median (only rounds that measured; a pin over the limit in any round says so)."""
@@ -110,7 +105,7 @@ def final_rows(final: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 r["result"]["measurement"] for r in records if r["result"].get("measurement")
             ]
             if measured:
-                medians[label] = _median([m["step_time_ms"] for m in measured])
+                medians[label] = statistics.median([m["step_time_ms"] for m in measured])
                 peaks[label] = max(m["peak_device_bytes"] for m in measured)
         limit = next(iter(labels.values()))[0]["limit_bytes"]
         grid = {k: v for k, v in medians.items() if not k.startswith("pin-")}
@@ -142,16 +137,18 @@ def final_report(final: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
 
-    def figure(value: float | None, scale: float = 1.0) -> str:
-        return "-" if value is None else f"{value / scale:.2f}" if scale != 1.0 else f"{value:.1f}"
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
 
     for row in final_rows(final):
         vs = row["vs_grid_best"]
+        peak = row["pin_peak_bytes"]
         over = "" if row["fits"] else " (over)"
         lines.append(
-            f"| {row['workload']} | {row['pin']} | {row['rounds']} | {figure(row['pin_ms'])} | "
-            f"{figure(row['pin_peak_bytes'], 1e9)} / {row['limit_bytes'] / 1e9:.2f}{over} | "
-            f"{row['grid_best']} | {figure(row['grid_best_ms'])} | "
+            f"| {row['workload']} | {row['pin']} | {row['rounds']} | {ms(row['pin_ms'])} | "
+            f"{'-' if peak is None else f'{peak / 1e9:.2f}'} / "
+            f"{row['limit_bytes'] / 1e9:.2f}{over} | "
+            f"{row['grid_best']} | {ms(row['grid_best_ms'])} | "
             f"{'-' if vs is None else f'{vs:+.1%}'} |"
         )
     return "\n".join(lines)
