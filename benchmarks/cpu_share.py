@@ -11,6 +11,7 @@ POSITION picks one.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -28,8 +29,15 @@ def share(cpus: Sequence[int], position: int, count: int) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    pid, position, count = (int(a) for a in (argv if argv is not None else sys.argv[1:]))
-    cpus = share(os.sched_getaffinity(pid), position, count)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name in ("pid", "position", "count"):
+        parser.add_argument(name, type=int)
+    args = parser.parse_args(argv)
+    pid = args.pid
+    try:
+        cpus = share(os.sched_getaffinity(pid), args.position, args.count)
+    except (ValueError, OSError) as exc:
+        parser.exit(2, f"cpu_share: {exc}\n")
     os.sched_setaffinity(pid, cpus)
     print(f"pid {pid}: CPUs {cpus[0]}-{cpus[-1]} ({len(cpus)})", flush=True)
     return 0

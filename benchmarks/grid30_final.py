@@ -185,9 +185,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace) -> int:
     grid = read_jsonl(args.grid)
+    if limit_bytes(grid, args.name) is None:
+        print(
+            f"final {args.name}: full AC or budget 1.0 not measured in "
+            f"{', '.join(map(str, args.grid))}",
+            file=sys.stderr,
+        )
+        return 2
     candidates = final_configs(args.name, grid, read_jsonl(args.records))
     if not any(c["kind"] == "pin" for c in candidates):
-        print(f"final {args.name}: no pin recorded in {args.records} yet", file=sys.stderr)
+        print(
+            f"final {args.name}: no pin recorded in {', '.join(map(str, args.records))} yet",
+            file=sys.stderr,
+        )
         return 2
     if args.claims and not reference.claim(args.claims, f"final-{args.name}"):
         print(f"final {args.name}: claimed by another worker")

@@ -186,6 +186,9 @@ def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
     # no pin recorded yet: nothing to hold the grid against
     (tmp_path / "none.jsonl").write_text("")
     assert final.main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
+    # no grid yet (a wrong path): one line naming it, and nothing measured
+    assert final.main([*argv[:3], str(tmp_path / "nogrid.jsonl"), *argv[4:]]) == 2
+    assert len(calls) == 3 * 5
 
 
 def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
@@ -208,6 +211,10 @@ def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
     try:
         allowed = os.sched_getaffinity(child.pid)
         assert cpu_share.main([str(child.pid), "0", "2"]) == 0
+        assert os.sched_getaffinity(child.pid) == set(cpu_share.share(allowed, 0, 2))
+        with pytest.raises(SystemExit) as bad:  # one line, exit 2, the affinity untouched
+            cpu_share.main([str(child.pid), "2", "2"])
+        assert bad.value.code == 2
         assert os.sched_getaffinity(child.pid) == set(cpu_share.share(allowed, 0, 2))
     finally:
         child.kill()
