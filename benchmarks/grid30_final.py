@@ -174,6 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_measure.add_argument("--timeout", type=float, default=420.0, help="seconds per measurement")
     p_measure.add_argument("--claims", type=Path, default=None, help="run only if unclaimed")
+    p_measure.add_argument(
+        "--wait-for",
+        nargs="*",
+        default=[],
+        metavar="STUDY",
+        help="studies whose pins must all be recorded first: exit 3, claiming nothing, until then",
+    )
     p_report = sub.add_parser("report", help="the README's table")
     p_report.add_argument("final", nargs="+", type=Path)
     args = parser.parse_args(argv)
@@ -199,6 +206,11 @@ def _measure(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    recorded = {c["label"].removeprefix("pin-") for c in candidates if c["kind"] == "pin"}
+    waiting = sorted(set(args.wait_for) - recorded)
+    if waiting:
+        print(f"final {args.name}: waiting for {', '.join(waiting)}")
+        return 3
     if args.claims and not reference.claim(args.claims, f"final-{args.name}"):
         print(f"final {args.name}: claimed by another worker")
         return 0

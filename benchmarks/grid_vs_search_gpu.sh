@@ -8,9 +8,10 @@
 #   [BT_SAMPLERS="tpe gp"] bash benchmarks/grid_vs_search_gpu.sh WAIT_S [NAME...]   (device, .whl)
 #
 # Each worker keeps to its own share of the host's CPUs (benchmarks/cpu_share.py), so one GPU's
-# compile does not slow another's timed steps. Once every search is done, each GPU takes one
-# workload's head-to-head (`benchmarks/grid30_final.py`): the grid's fastest fitting points
-# and the pins, timed alike in rotating rounds (final.jsonl, the verdict).
+# compile does not slow another's timed steps. A workload's head-to-head
+# (`benchmarks/grid30_final.py`: the grid's fastest fitting points and the pins, timed alike in
+# rotating rounds; final.jsonl, the verdict) goes to the first GPU free between workloads once
+# all that workload's searches are recorded; once every worker is done, any left go one per GPU.
 #
 # The first call starts a detached driver (state in /tmp/bt-grid30, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/grid30.tar: the grid
@@ -62,10 +63,24 @@ claims=$state/claims
 share() {  # this worker's shell (and all it starts) on CPU share \$1 of \$2
     python3 -m benchmarks.cpu_share \$BASHPID \$1 \$2
 }
-worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds
+final() {  # GPU \$1: workload \$2's head-to-head, if unclaimed (\$3: wait for all its searches)
+    local studies=""
+    if [ "\$3" = wait ]; then
+        for sampler in $samplers; do for seed in 0 1 2; do
+            studies="\$studies grid30-\$2-s\$seed\$([ \$sampler = tpe ] || echo -\$sampler)"
+        done; done
+    fi
+    [ -e \$claims/final-\$2 ] && return
+    python3 -m benchmarks.grid30_final measure \$2 --grid \$out/grid30.jsonl \
+        --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$1 \
+        --claims \$claims \${studies:+--wait-for \$studies} >> \$out/final-\$2.txt 2>&1
+}
+worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds;
+    # between workloads, the head-to-head of any workload whose searches are all recorded
     local g=\$1
     share \$2 \$3
     for name in $names; do
+        for done_name in $names; do final \$g \$done_name wait; done
         python3 -m benchmarks.grid_vs_search grid \$name --out \$out/grid30.jsonl --gpus \$g \
             --claims \$claims --stop-after 100000 >> \$out/grid-\$name-gpu\$g.txt 2>&1
         for sampler in $samplers; do
@@ -80,17 +95,13 @@ worker() {  # one GPU: every workload in turn, its unclaimed grid points, then i
             done
         done
     done
+    for done_name in $names; do final \$g \$done_name wait; done
     echo "== GPU \$g: nothing left, \$(date -u +%FT%TZ)"
 }
-finals() {  # one GPU, once every search is done: the head-to-heads no other GPU has claimed
+finals() {  # one GPU, once every search is done (or failed): the head-to-heads still unclaimed
     local g=\$1
     share \$2 \$3
-    for name in $names; do
-        echo "== GPU \$g: final \$name, \$(date -u +%FT%TZ)"
-        python3 -m benchmarks.grid30_final measure \$name --grid \$out/grid30.jsonl \
-            --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$g \
-            --claims \$claims >> \$out/final-\$name.txt 2>&1
-    done
+    for name in $names; do final \$g \$name; done
 }
 gpus=($gpus_list)
 for i in \${!gpus[@]}; do worker \${gpus[\$i]} \$i \${#gpus[@]} & done

@@ -155,7 +155,7 @@ def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
     def measure(config: dict, *, device: str, args: object) -> dict:
         calls.append((config["label"], device))
         ms = times.get(config["label"], [70.0] * 3)[
-            sum(c[0] == config["label"] for c in calls) - 1
+            (sum(c[0] == config["label"] for c in calls) - 1) % 3
         ]
         peak = 11e9 if config["label"].endswith("-gp") else 9e9
         measurement = {"peak_device_bytes": int(peak), "peak_allocated_bytes": int(peak * 0.9)}
@@ -189,6 +189,14 @@ def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
     # no grid yet (a wrong path): one line naming it, and nothing measured
     assert final.main([*argv[:3], str(tmp_path / "nogrid.jsonl"), *argv[4:]]) == 2
     assert len(calls) == 3 * 5
+    # a worker free early waits for every seed's pin: exit 3, nothing claimed, nothing measured
+    claims = tmp_path / "claims"
+    early = ["measure", "gpt2m", "--grid", str(paths[0]), "--records", str(paths[1])]
+    early += ["--out", str(tmp_path / "early.jsonl"), "--claims", str(claims), "--rounds", "1"]
+    assert final.main([*early, "--wait-for", "grid30-gpt2m-s0", "grid30-gpt2m-s2"]) == 3
+    assert len(calls) == 3 * 5 and not list(claims.glob("*"))
+    assert final.main([*early, "--wait-for", "grid30-gpt2m-s0", "grid30-gpt2m-s1-gp"]) == 0
+    assert len(calls) == 3 * 5 + 5 and [p.name for p in claims.iterdir()] == ["final-gpt2m"]
 
 
 def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
