@@ -10,8 +10,9 @@
 # Each worker keeps to its own share of the host's CPUs (benchmarks/cpu_share.py), so one GPU's
 # compile does not slow another's timed steps. A workload's head-to-head
 # (`benchmarks/grid30_final.py`: the grid's fastest fitting points and the pins, timed alike in
-# rotating rounds; final.jsonl, the verdict) goes to the first GPU free between workloads once
-# all that workload's searches are recorded; once every worker is done, any left go one per GPU.
+# rotating rounds; final.jsonl, the verdict) starts once all that workload's searches are
+# recorded, on the GPUs whose search work is done, each taking a round of its own; searches
+# come first, so the long ones start at once and the head-to-heads fill the gaps.
 #
 # The first call starts a detached driver (state in /tmp/bt-grid30, from a copy of benchmarks/
 # taken then); every call waits up to WAIT_S seconds and returns $OUT/grid30.tar: the grid
@@ -63,24 +64,24 @@ claims=$state/claims
 share() {  # this worker's shell (and all it starts) on CPU share \$1 of \$2
     python3 -m benchmarks.cpu_share \$BASHPID \$1 \$2
 }
-final() {  # GPU \$1: workload \$2's head-to-head, if unclaimed (\$3: wait for all its searches)
+final() {  # GPU \$1: workload \$2's head-to-head rounds still unclaimed (\$3: wait for its searches)
     local studies=""
     if [ "\$3" = wait ]; then
         for sampler in $samplers; do for seed in 0 1 2; do
             studies="\$studies grid30-\$2-s\$seed\$([ \$sampler = tpe ] || echo -\$sampler)"
         done; done
     fi
-    [ -e \$claims/final-\$2 ] && return
     python3 -m benchmarks.grid30_final measure \$2 --grid \$out/grid30.jsonl \
         --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$1 \
         --claims \$claims \${studies:+--wait-for \$studies} >> \$out/final-\$2.txt 2>&1
 }
 worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds;
-    # between workloads, the head-to-head of any workload whose searches are all recorded
+    # then, while other GPUs still search, the head-to-head rounds of the workloads whose
+    # searches are all recorded
     local g=\$1
     share \$2 \$3
+    touch $state/busy-\$g
     for name in $names; do
-        for done_name in $names; do final \$g \$done_name wait; done
         python3 -m benchmarks.grid_vs_search grid \$name --out \$out/grid30.jsonl --gpus \$g \
             --claims \$claims --stop-after 100000 >> \$out/grid-\$name-gpu\$g.txt 2>&1
         for sampler in $samplers; do
@@ -95,7 +96,14 @@ worker() {  # one GPU: every workload in turn, its unclaimed grid points, then i
             done
         done
     done
-    for done_name in $names; do final \$g \$done_name wait; done
+    rm -f $state/busy-\$g
+    echo "== GPU \$g: searches done, \$(date -u +%FT%TZ)"
+    while :; do
+        [ -n "\$(ls $state/busy-* 2>/dev/null)" ] && busy=yes || busy=no
+        for name in $names; do final \$g \$name wait; done
+        [ \$busy = yes ] || break
+        sleep 20
+    done
     echo "== GPU \$g: nothing left, \$(date -u +%FT%TZ)"
 }
 finals() {  # one GPU, once every search is done (or failed): the head-to-heads still unclaimed
@@ -104,6 +112,7 @@ finals() {  # one GPU, once every search is done (or failed): the head-to-heads 
     for name in $names; do final \$g \$name; done
 }
 gpus=($gpus_list)
+rm -f $state/busy-*
 for i in \${!gpus[@]}; do worker \${gpus[\$i]} \$i \${#gpus[@]} & done
 wait
 for i in \${!gpus[@]}; do finals \${gpus[\$i]} \$i \${#gpus[@]} & done

@@ -196,7 +196,12 @@ def test_the_head_to_head_meets_the_grids_fastest_fitting_points_and_every_pin(
     assert final.main([*early, "--wait-for", "grid30-gpt2m-s0", "grid30-gpt2m-s2"]) == 3
     assert len(calls) == 3 * 5 and not list(claims.glob("*"))
     assert final.main([*early, "--wait-for", "grid30-gpt2m-s0", "grid30-gpt2m-s1-gp"]) == 0
-    assert len(calls) == 3 * 5 + 5 and [p.name for p in claims.iterdir()] == ["final-gpt2m"]
+    assert len(calls) == 3 * 5 + 5 and [p.name for p in claims.iterdir()] == ["final-gpt2m-r0"]
+    # workers on other GPUs take a round each: round 1 held by another, this one measures round 2
+    assert reference.claim(claims, "final-gpt2m-r1")
+    assert final.main([*early[:-1], "3"]) == 0
+    assert len(calls) == 3 * 5 + 2 * 5 and calls[-1][1] == "cuda"
+    assert {r["round"] for r in g30.read_jsonl([tmp_path / "early.jsonl"])} == {0, 2}
 
 
 def test_each_gpu_worker_gets_its_own_share_of_the_cpus() -> None:
