@@ -54,7 +54,7 @@ peak and its search ended with exit 3, and L4's (16.22 GB) under the grid's best
 ``tuner-L4``). L1 was searched with 2 % (its pin lies 2.5 GB under its limit)."""
 
 
-SEARCHED_AGAIN = {"L4": "lean", "L5": "lean"}
+SEARCHED_AGAIN = {"L1": "open30", "L3": "open30", "L4": "lean", "L5": "lean"}
 """Limits searched again, in a study of their own (its name and pin file take this suffix; the
 earlier studies stay in the database). The first searches of L4 and L5 (``tuner-L4-m0``,
 ``tuner-L5-m0``) opened without the high-budget point that
@@ -62,7 +62,12 @@ earlier studies stay in the database). The first searches of L4 and L5 (``tuner-
 best. L4 was searched a second time with that point as first added (``-hb``: the budget alone,
 fused AdamW being L4's fixed optimizer; 2026-11-26); ``lean`` is the search whose budget-0.8
 point also takes the searched knobs' leanest values (fused AdamW, expandable segments), as
-the opening now does."""
+the opening now does. ``open30``: L1 and L3 searched again with issue 30's structured opening
+(settle probes, block-AC points, flips: about 10 of the 20 trials), the two limits it can change
+most: their first searches came within 2 % of the grid best only through sampled trials (the
+15th and the 7th), which the opening now takes; L2's and V's grid bests are op-policy AC on
+every block, a structured point the opening measures itself, and L4's and L5's came at their
+2nd-3rd trial, the budget-0.8 point, which it still measures first."""
 
 
 def _again(name: str) -> str:

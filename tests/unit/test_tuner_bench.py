@@ -186,7 +186,7 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
     joined = " ".join(command[1:])
     # the limits with their own headroom are searched without the study file's 2 % margin,
     # in a study of their own (the 2 % searches of 2026-11-25 keep theirs)
-    assert "--max-mem 21.934GB" in joined and "--study tuner-L3-m0 --margin 0 " in joined
+    assert "--max-mem 21.934GB" in joined and "--study tuner-L3-m0-open30 --margin 0 " in joined
     assert "-o batch_size=8" in joined and "--fix" not in joined
     assert "--trials 20" in joined and "--reverify 5" in joined
     l4 = " ".join(
@@ -206,7 +206,8 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
             known["L1"], storage="s.db", pin=Path("p.json"), trials=20, reverify=5
         )  # fmt: skip
     )
-    assert "--study tuner-L1 --margin 0.02 " in l1
+    assert "--study tuner-L1-open30 --margin 0.02 " in l1
+    assert tuner.pin_file("L1") == "tuner-L1-open30-pin.json"
 
 
 def test_limits_table_says_whether_the_grid_meets_each_target() -> None:
