@@ -7,6 +7,7 @@ For each workload (transformers models through ``hf:``, not the built-ins' defau
     python -m benchmarks.grid_vs_search search gpt2m --grid G.jsonl --seed 0 \\
         --storage sqlite:///S.db --pins DIR --out R.jsonl [--gpus 0]
     python -m benchmarks.grid_vs_search report --records R.jsonl
+    python -m benchmarks.grid_vs_search opening S.db... --pins DIR   # the opening's share
 
 ``grid`` measures the hand grid, each configuration in a fresh process
 (`benchmarks.reference.measure`): block AC every 1, 2, 4 blocks x the full and op policies x
@@ -185,6 +186,33 @@ def report(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def opening_table(studies: dict[str, Sequence[Any]], pins: dict[str, dict[str, Any]]) -> str:
+    """Where each study's trials went (the opening's labelled points, the sampler's draws,
+    trials cut off when a machine went back) and which trial its pin came from: what is left
+    for the sampler to choose by (issue 30's item 3)."""
+    from budgettune.storage.trials import record_of  # the database stack: only here
+
+    lines = [
+        "| study | opening | sampled | not finished | opening points | pin from |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, trials in studies.items():
+        measured = [t for t in trials if record_of(t).finished]
+        labels = [record_of(t).baseline for t in measured]
+        opening = [label for label in labels if label]
+        pin = pins.get(name)
+        source = "-"
+        if pin is not None:
+            chosen = next((t for t in trials if t.number == pin["trial_number"]), None)
+            label = record_of(chosen).baseline if chosen is not None else None
+            source = f"trial {pin['trial_number']} ({label or 'sampled'})"
+        lines.append(
+            f"| {name} | {len(opening)} | {len(labels) - len(opening)} | "
+            f"{len(trials) - len(measured)} | {', '.join(opening)} | {source} |"
+        )
+    return "\n".join(lines)
+
+
 def _describe(spec: dict[str, Any]) -> str:
     return TrialSpec.from_json_dict(spec).describe()
 
@@ -243,8 +271,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_report = sub.add_parser("report", help="the README's table")
     p_report.add_argument("--records", nargs="+", type=Path, required=True)
+    p_opening = sub.add_parser("opening", help="the opening's share of each study's trials")
+    p_opening.add_argument("databases", nargs="+", type=Path, help="the studies' SQLite files")
+    p_opening.add_argument("--pins", type=Path, required=True, help="the folder of the pins")
     args = parser.parse_args(argv)
 
+    if args.what == "opening":
+        from benchmarks.common import study_trials
+
+        studies: dict[str, Sequence[Any]] = {}
+        for path in args.databases:
+            studies |= study_trials(f"sqlite:///{path}")
+        pins = {
+            name: json.loads(pin.read_text())
+            for name in studies
+            if (pin := args.pins / f"{name}-pin.json").exists()
+        }
+        print(opening_table(studies, pins))
+        return 0
     if args.what == "grid":
         sets = ["grid30-" + args.name]
         argv_ref = ["--out", str(args.out), "--stop-after", str(args.stop_after), "--cache"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 from benchmarks import grid30_final as final
 from benchmarks import grid_vs_search as g30
@@ -303,3 +304,30 @@ def cpu_share_of(allowed: set[int]) -> list[list[int]]:
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(") ")[1].startswith("Z")
+
+
+def test_the_opening_table_counts_the_openings_trials_the_samplers_and_names_the_pins_source() -> (
+    None
+):
+    def trial(number: int, label: str | None, finished: bool = True) -> optuna.trial.FrozenTrial:
+        attrs = {"outcome": "ok"} if finished else {}
+        attrs |= {"baseline": label} if label else {}
+        state = optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.FAIL
+        made = optuna.trial.create_trial(state=state, value=1.0 if finished else None)
+        made.number, made.user_attrs = number, attrs
+        return made
+
+    trials = [trial(0, "unconstrained"), trial(1, "structured-op-1"), trial(2, None, False)]
+    trials += [trial(3, None), trial(4, "flip-optimizer_impl")]
+    table = g30.opening_table(
+        {"grid30-gpt2m-s0": trials, "grid30-vit-s0": trials[:2]},
+        {"grid30-gpt2m-s0": {"trial_number": 1}},
+    )
+    rows = table.splitlines()[2:]
+    assert rows[0] == (
+        "| grid30-gpt2m-s0 | 3 | 1 | 1 | unconstrained, structured-op-1, flip-optimizer_impl "
+        "| trial 1 (structured-op-1) |"
+    )
+    assert rows[1].endswith("| 2 | 0 | 0 | unconstrained, structured-op-1 | - |")
+    table = g30.opening_table({"s": trials}, {"s": {"trial_number": 3}})
+    assert table.endswith("| trial 3 (sampled) |")
