@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import reference
+from benchmarks.common import script_main
 from benchmarks.config_sets import WORKLOADS
 from benchmarks.grid_vs_search import MARGIN, limit_bytes, read_jsonl, study_of
 
@@ -243,4 +244,4 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import reference
+from benchmarks.common import script_main, study_trials
 from benchmarks.config_sets import WORKLOADS, configs
 from budgettune.trial.spec import TrialSpec
 
@@ -277,8 +278,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.what == "opening":
-        from benchmarks.common import study_trials
-
         studies: dict[str, Sequence[Any]] = {}
         for path in args.databases:
             studies |= study_trials(f"sqlite:///{path}")
@@ -356,4 +355,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)
