@@ -73,7 +73,8 @@ final() {  # GPU \$1: workload \$2's head-to-head rounds still unclaimed (\$3: w
     fi
     python3 -m benchmarks.grid30_final measure \$2 --grid \$out/grid30.jsonl \
         --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$1 \
-        --claims \$claims \${studies:+--wait-for \$studies} >> \$out/final-\$2.txt 2>&1
+        --claims \$claims \${studies:+--wait-for \$studies} > $state/final-\$1.txt 2>&1
+    [ \$? = 3 ] || cat $state/final-\$1.txt >> \$out/final-\$2.txt  # not "waiting for ..."
 }
 worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds;
     # then, while other GPUs still search, the head-to-head rounds of the workloads whose
