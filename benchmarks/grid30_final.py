@@ -197,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace) -> int:
     grid = read_jsonl(args.grid)
-    if limit_bytes(grid, args.name) is None:
+    limit = limit_bytes(grid, args.name)
+    if limit is None:
         print(
             f"final {args.name}: full AC or budget 1.0 not measured in "
             f"{', '.join(map(str, args.grid))}",
@@ -216,7 +217,6 @@ def _measure(args: argparse.Namespace) -> int:
     if waiting:
         print(f"final {args.name}: waiting for {', '.join(waiting)}")
         return 3
-    limit = limit_bytes(grid, args.name)
     done = {
         (r["label"], r["round"]) for r in read_jsonl([args.out]) if r["workload_name"] == args.name
     }

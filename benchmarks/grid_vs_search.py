@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import reference
-from benchmarks.common import script_main, study_trials
+from benchmarks.common import read_records, script_main, study_trials
 from benchmarks.config_sets import WORKLOADS, configs
 from budgettune.trial.spec import TrialSpec
 
@@ -234,13 +234,9 @@ def _await_grid(
 
 
 def read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    return [
-        json.loads(line)
-        for path in paths
-        if path.exists()
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
+    """`benchmarks.common.read_records` of the files that exist: a file not written yet (no
+    search recorded, no head-to-head begun) reads as empty."""
+    return read_records([path for path in paths if path.exists()])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
