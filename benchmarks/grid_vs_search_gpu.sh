@@ -43,9 +43,14 @@ fi
 
 if bt_needs_driver "$state"; then
     rm -rf "$state/src" && mkdir -p "$state/src" && cp -r benchmarks "$state/src/"
-    for f in grid30.jsonl records.jsonl final.jsonl; do
+    # the records, and the logs, which the workers append to (run 5's first call found none
+    # here and brought back only its own: the earlier runs' logs came back from git)
+    for f in grid30.jsonl records.jsonl final.jsonl device.txt "$kept"/*.txt; do
+        f=$(basename "$f")
         [ -f "$state/out/$f" ] || cp "$kept/$f" "$state/out/" 2>/dev/null
     done
+    # the driver's log is its own, "driver done" in it ends the work: the earlier one apart
+    [ -f "$state/driver-kept.log" ] || cp "$kept/driver.log" "$state/driver-kept.log" 2>/dev/null
     for db in "$kept"/*.db; do
         [ -f "$db" ] && [ ! -f "$state/$(basename "$db")" ] && cp "$db" "$state/"
     done
@@ -74,7 +79,13 @@ final() {  # GPU \$1: workload \$2's head-to-head rounds still unclaimed (\$3: w
     python3 -m benchmarks.grid30_final measure \$2 --grid \$out/grid30.jsonl \
         --records \$out/records.jsonl --out \$out/final.jsonl --gpus \$1 \
         --claims \$claims \${studies:+--wait-for \$studies} > $state/final-\$1.txt 2>&1
-    [ \$? = 3 ] || cat $state/final-\$1.txt >> \$out/final-\$2.txt  # not "waiting for ..."
+    # kept: what measured a round, or failed; not "waiting for ..." (exit 3) nor a poll that
+    # found every round claimed (its report only; the logs of run 5 held it six times)
+    case \$? in
+        3) ;;
+        0) grep -q "^round " $state/final-\$1.txt && cat $state/final-\$1.txt >> \$out/final-\$2.txt ;;
+        *) cat $state/final-\$1.txt >> \$out/final-\$2.txt ;;
+    esac
 }
 worker() {  # one GPU: every workload in turn, its unclaimed grid points, then its unclaimed seeds;
     # then, while other GPUs still search, the head-to-head rounds of the workloads whose
@@ -129,7 +140,7 @@ bt_wait_driver "$state" "$wait_s"
 for db in "$state"/*.db; do
     [ -f "$db" ] && bt_sqlite_copy "$db" "$state/out/$(basename "$db")"
 done
-cp "$state/driver.log" "$state/out/" 2>/dev/null
+cat "$state/driver-kept.log" "$state/driver.log" > "$state/out/driver.log" 2>/dev/null
 tar cf "$OUT/grid30.tar" -C "$state/out" .
 cat "$state/driver.log"
 cat "$state/out/report.md" 2>/dev/null
