@@ -217,30 +217,50 @@ def _measure(args: argparse.Namespace) -> int:
     if waiting:
         print(f"final {args.name}: waiting for {', '.join(waiting)}")
         return 3
-    done = {
-        (r["label"], r["round"]) for r in read_jsonl([args.out]) if r["workload_name"] == args.name
-    }
-    device = f"cuda:{args.gpus}" if args.gpus else "cuda"
-    measuring = argparse.Namespace(runs_dir=args.runs_dir, cache=True, timeout=args.timeout)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    for round_ in range(args.rounds):
+    measure_rounds(
+        args.name, candidates, limit=limit, out=args.out, gpu=args.gpus,
+        rounds=args.rounds, claims=args.claims, runs_dir=args.runs_dir, timeout=args.timeout,
+    )  # fmt: skip
+    return 0
+
+
+def measure_rounds(
+    name: str,
+    candidates: Sequence[dict[str, Any]],
+    *,
+    limit: float,
+    out: Path,
+    gpu: str,
+    rounds: int,
+    claims: Path | None,
+    runs_dir: Path,
+    timeout: float,
+) -> None:
+    """Head to head under ``name`` (limit ``limit`` bytes): each candidate in a fresh process,
+    ``rounds`` rounds in `final_order`, appended to ``out`` (what it holds is skipped; with
+    ``claims``, only the rounds no other worker claimed, each on this worker's GPU), then
+    `final_report`. Used for issue 30's workloads here and for issue 10's limits by
+    ``benchmarks.tuner versus``."""
+    done = {(r["label"], r["round"]) for r in read_jsonl([out]) if r["workload_name"] == name}
+    device = f"cuda:{gpu}" if gpu else "cuda"
+    measuring = argparse.Namespace(runs_dir=runs_dir, cache=True, timeout=timeout)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for round_ in range(rounds):
         order = final_order(candidates, round_)
         if all((c["label"], round_) in done for c in order):
             continue
-        if args.claims and not reference.claim(args.claims, f"final-{args.name}-r{round_}"):
-            print(f"final {args.name}: round {round_} claimed by another worker")
+        if claims and not reference.claim(claims, f"final-{name}-r{round_}"):
+            print(f"final {name}: round {round_} claimed by another worker")
             continue
         for config in order:
             if (config["label"], round_) in done:
                 continue
             measured = reference.measure(config, device=device, args=measuring)
-            measured.update(workload_name=args.name, round=round_, limit_bytes=limit)
-            with args.out.open("a") as out:
-                out.write(json.dumps(measured, sort_keys=True) + "\n")
+            measured.update(workload_name=name, round=round_, limit_bytes=limit)
+            with out.open("a") as handle:
+                handle.write(json.dumps(measured, sort_keys=True) + "\n")
             print(f"round {round_}: {reference.summary(measured)}", flush=True)
-    rows = [r for r in read_jsonl([args.out]) if r["workload_name"] == args.name]
-    print(final_report(rows))
-    return 0
+    print(final_report([r for r in read_jsonl([out]) if r["workload_name"] == name]))
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def limits(records: Sequence[dict[str, Any]]) -> dict[str, Limit]:
     return out
 
 
-def grid_best(
+def grid_fastest(
     records: Sequence[dict[str, Any]],
     limit_bytes: float,
     *,
@@ -153,13 +153,14 @@ def grid_best(
     batch: int | None = None,
     optimizer: str | None = None,
     workload: str = "builtin:llama",
-) -> dict[str, Any] | None:
-    """The fastest measured grid configuration at or under the limit (same workload, batch and
-    optimizer; a record that names no workload counts as ``workload``, one without a
-    ``batch_size`` option ran at the workload's own, `DEFAULT_BATCH`; ``batch`` None: that)."""
+) -> list[dict[str, Any]]:
+    """The measured grid configurations at or under the limit, fastest first (same workload,
+    batch and optimizer; a record that names no workload counts as ``workload``, one without a
+    ``batch_size`` option ran at the workload's own, `DEFAULT_BATCH`; ``batch`` None: that).
+    A label measured more than once counts once, at its fastest measurement."""
     default_batch = DEFAULT_BATCH.get(workload, 4)
     batch = default_batch if batch is None else batch
-    best = None
+    fitting: dict[str, dict[str, Any]] = {}
     for record in records:
         m = record["result"].get("measurement")
         if not m or record.get("workload", workload) != workload:
@@ -170,9 +171,26 @@ def grid_best(
             continue
         if m[f"peak_{metric}_bytes"] > limit_bytes:
             continue
-        if best is None or m["step_time_ms"] < best["result"]["measurement"]["step_time_ms"]:
-            best = record
-    return best
+        kept = fitting.get(record["label"])
+        if kept is None or m["step_time_ms"] < kept["result"]["measurement"]["step_time_ms"]:
+            fitting[record["label"]] = record
+    return sorted(fitting.values(), key=lambda r: r["result"]["measurement"]["step_time_ms"])
+
+
+def grid_best(
+    records: Sequence[dict[str, Any]],
+    limit_bytes: float,
+    *,
+    metric: str = "device",
+    batch: int | None = None,
+    optimizer: str | None = None,
+    workload: str = "builtin:llama",
+) -> dict[str, Any] | None:
+    """The fastest measured grid configuration at or under the limit (`grid_fastest`'s first)."""
+    fastest = grid_fastest(
+        records, limit_bytes, metric=metric, batch=batch, optimizer=optimizer, workload=workload
+    )
+    return fastest[0] if fastest else None
 
 
 def limits_table(records: Sequence[dict[str, Any]]) -> str:

@@ -1,8 +1,10 @@
-"""benchmarks/tuner.py: issue 10's limits, the grid best, and the per-limit record."""
+"""benchmarks/tuner.py: issue 10's limits, the grid best and the per-limit record; and
+benchmarks/versus.py, one limit's pins head to head."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -282,3 +284,83 @@ def test_wall_record_splits_trials_and_reverification_and_the_readme_renders_it(
     assert "the command 1260 s (21.0 min, budgettune search's own timer) |" in (
         report.wall_table([noted])
     )
+
+
+def test_versus_times_two_searches_pins_beside_the_grids_fastest_at_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import reference, versus
+
+    tuner = _tuner()
+    grid = [
+        *GRID,
+        _grid("b8-fused-budget-0.3", 20.9, 134.7, optimizer_impl="fused", batch=8),
+        _grid("b8-budget-0.5", 21.5, 141.0, batch=8),
+        _grid("b8-fused-budget-0.3", 20.9, 150.0, optimizer_impl="fused", batch=8),  # again
+    ]
+    limit = tuner.limits(grid)["L3"]  # 1.10 x 19.94 = 21.93 GB at B=8
+
+    def pin(study: str, budget: float, batch: int = 8) -> dict[str, Any]:
+        spec = {"activation_memory_budget": budget, "block_ac_every": 4, "timed_steps": 8}
+        return {
+            "study_name": study,
+            "workload": "builtin:llama",
+            "workload_options": {"batch_size": batch},
+            "spec": spec,
+        }
+
+    pins = [pin("tuner-L3-m0", 0.63), pin("tuner-L3-m0-open30", 0.55)]
+    candidates = versus.versus_configs(limit, grid, pins)
+    # the grid's three fastest under 21.93 GB at B=8 (each label once, its fastest), the pins
+    assert [c["label"] for c in candidates] == [
+        "b8-fused-budget-0.3",
+        "b8-budget-0.5",
+        "b8-fused-ac-every-1",
+        "pin-tuner-L3-m0",
+        "pin-tuner-L3-m0-open30",
+    ]
+    assert {c["spec"]["timed_steps"] for c in candidates} == {20}
+    assert candidates[4]["options"] == {"batch_size": 8}
+    assert candidates[4]["spec"]["activation_memory_budget"] == 0.55
+    with pytest.raises(SystemExit, match="batch 4, not builtin:llama batch 8"):
+        versus.versus_configs(limit, grid, [pin("tuner-L1", 0.86, batch=4)])
+
+    # measured round by round on one GPU; the report holds each pin against the grid's best
+    times = {
+        "pin-tuner-L3-m0": 126.0,
+        "pin-tuner-L3-m0-open30": 129.0,
+        "b8-fused-budget-0.3": 134.0,
+    }
+    calls: list[str] = []
+
+    def measure(config: dict, *, device: str, args: object) -> dict:
+        calls.append(device)
+        m = {"peak_device_bytes": 21e9, "peak_allocated_bytes": 20e9, "peak_phase": "backward"}
+        m |= {"step_time_ms": times.get(config["label"], 140.0), "compile_s": 30.0}
+        result = {"measurement": m, "outcome": "ok", "wall_s": 60.0}
+        return {**config, "result": result, "device_index": device}
+
+    monkeypatch.setattr(reference, "measure", measure)
+    paths = []
+    for p in pins:
+        paths.append(tmp_path / f"{p['study_name']}-pin.json")
+        paths[-1].write_text(json.dumps(p))
+    (tmp_path / "grid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in grid))
+    out = tmp_path / "versus.jsonl"
+    argv = ["L3", "--grid", str(tmp_path / "grid.jsonl"), "--pins", *map(str, paths)]
+    argv += ["--out", str(out), "--gpus", "2", "--rounds", "2"]
+    assert versus.main(argv) == 0
+    assert len(calls) == 2 * 5 and set(calls) == {"cuda:2"}
+    assert versus.main(argv) == 0 and len(calls) == 2 * 5  # resumed: nothing left
+    from benchmarks.grid30_final import final_report
+
+    table = final_report([json.loads(line) for line in out.read_text().splitlines()])
+    assert (
+        "| L3 | pin-tuner-L3-m0 | 2 | 126.0 | 21.00 / 21.93 | b8-fused-budget-0.3 | 134.0 |"
+        in table
+    )
+    assert "| L3 | pin-tuner-L3-m0-open30 | 2 | 129.0 |" in table and "-3.7%" in table
+    # a pin file that is not there: one line, nothing measured
+    with pytest.raises(SystemExit, match="no pin file"):
+        versus.main([*argv[:4], str(tmp_path / "missing.json"), *argv[5:]])
+    assert len(calls) == 2 * 5
