@@ -54,6 +54,9 @@ if bt_needs_driver "$state"; then
     for db in "$kept"/*.db; do
         [ -f "$db" ] && [ ! -f "$state/$(basename "$db")" ] && cp "$db" "$state/"
     done
+    for db in "$state"/*.db; do  # a study kept from an older budgettune's schema
+        [ -f "$db" ] && python3 -m budgettune.cli db upgrade --storage "sqlite:///$db" > /dev/null
+    done
     { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
       nproc; } >> "$state/out/device.txt" 2>&1

@@ -54,6 +54,10 @@ if ! bt_running "$state"; then
         cp "$results/llama-b64-h200.jsonl" "$state/" 2>/dev/null
         echo "resuming from $kept/tuner.db" | tee -a "$state/driver.log"
     fi
+    # a study kept from an older budgettune: its searches refuse it until it is upgraded (on
+    # 2026-11-27 both stopped at once on revision 0002, and a device call was spent)
+    [ -f "$state/tuner.db" ] && python3 -m budgettune.cli db upgrade \
+        --storage "sqlite:///$state/tuner.db" | tee -a "$state/driver.log"
     [ -f "$state/device.txt" ] || {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
         date
