@@ -240,7 +240,7 @@ def measure_rounds(
     ``rounds`` rounds in `final_order`, appended to ``out`` (what it holds is skipped; with
     ``claims``, only the rounds no other worker claimed, each on this worker's GPU), then
     `final_report`. Used for issue 30's workloads here and for issue 10's limits by
-    ``benchmarks.tuner versus``."""
+    `benchmarks.versus`."""
     done = {(r["label"], r["round"]) for r in read_jsonl([out]) if r["workload_name"] == name}
     device = f"cuda:{gpu}" if gpu else "cuda"
     measuring = argparse.Namespace(runs_dir=runs_dir, cache=True, timeout=timeout)
