@@ -38,6 +38,26 @@ FINAL_STEPS = {"warmup_steps": 3, "timed_steps": 20}
 """The steps of every head-to-head measurement (the search's pins timed 5, the grid 8)."""
 
 
+def candidate(
+    label: str,
+    kind: str,
+    family: str,
+    workload: str,
+    options: dict[str, Any],
+    spec: dict[str, Any],
+) -> dict[str, Any]:
+    """One head-to-head candidate, as `reference.measure` takes it: ``spec`` with
+    `FINAL_STEPS`, so every candidate is timed alike whatever steps its search or grid used."""
+    return {
+        "label": label,
+        "kind": kind,
+        "family": family,
+        "workload": workload,
+        "options": options,
+        "spec": {**spec, **FINAL_STEPS},
+    }
+
+
 def final_configs(
     name: str, grid: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -56,29 +76,16 @@ def final_configs(
     ]
     fitting.sort(key=lambda r: r["result"]["measurement"]["step_time_ms"])
     candidates = [
-        {
-            "label": r["label"],
-            "kind": "grid",
-            "family": "grid30-final",
-            "workload": r["workload"],
-            "options": r["options"],
-            "spec": {**r["spec"], **FINAL_STEPS},
-        }
+        candidate(r["label"], "grid", "grid30-final", r["workload"], r["options"], r["spec"])
         for r in fitting[:FINAL_GRID_POINTS]
     ]
     workload, options = WORKLOADS[name]
     for row in records:
         if row["workload"] != name:
             continue
+        label = "pin-" + study_of(name, row["seed"], row.get("sampler", "tpe"))
         candidates.append(
-            {
-                "label": "pin-" + study_of(name, row["seed"], row.get("sampler", "tpe")),
-                "kind": "pin",
-                "family": "grid30-final",
-                "workload": workload,
-                "options": options,
-                "spec": {**row["pin_spec"], **FINAL_STEPS},
-            }
+            candidate(label, "pin", "grid30-final", workload, options, row["pin_spec"])
         )
     return candidates
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import read_records, script_main
-from benchmarks.grid30_final import FINAL_GRID_POINTS, FINAL_ROUNDS, FINAL_STEPS, measure_rounds
+from benchmarks.grid30_final import FINAL_GRID_POINTS, FINAL_ROUNDS, candidate, measure_rounds
 from benchmarks.limits import DEFAULT_BATCH, Limit, grid_fastest, limits
 
 
@@ -34,14 +34,10 @@ def versus_configs(
     (labelled ``pin-STUDY``), all with `FINAL_STEPS`. A pin of another workload or batch is an
     error: it was not searched at this limit."""
     candidates = [
-        {
-            "label": r["label"],
-            "kind": "grid",
-            "family": "versus",
-            "workload": r.get("workload", limit.workload),
-            "options": r["options"],
-            "spec": {**r["spec"], **FINAL_STEPS},
-        }
+        candidate(
+            r["label"], "grid", "versus", r.get("workload", limit.workload), r["options"],
+            r["spec"],
+        )
         for r in grid_fastest(
             grid, limit.gb * 1e9, batch=limit.batch, optimizer=limit.fixed_optimizer,
             workload=limit.workload,
@@ -56,16 +52,8 @@ def versus_configs(
                 f"versus {limit.name}: pin of study {pin['study_name']} is for {pin['workload']} "
                 f"batch {batch}, not {limit.workload} batch {limit.batch}"
             )
-        candidates.append(
-            {
-                "label": f"pin-{pin['study_name']}",
-                "kind": "pin",
-                "family": "versus",
-                "workload": pin["workload"],
-                "options": options,
-                "spec": {**pin["spec"], **FINAL_STEPS},
-            }
-        )
+        label = f"pin-{pin['study_name']}"
+        candidates.append(candidate(label, "pin", "versus", pin["workload"], options, pin["spec"]))
     return candidates
 
 
