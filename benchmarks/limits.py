@@ -70,22 +70,46 @@ every block, a structured point the opening measures itself, and L4's and L5's c
 2nd-3rd trial, the budget-0.8 point, which it still measures first."""
 
 
+LIMIT_NAMES = ("L1", "L2", "L3", "L4", "L5", "V")
+
+
+def split_run(token: str) -> tuple[str, int | None]:
+    """A limit's search as ``tuner_gpu.sh`` and ``tuner.py run`` name it: ``L3`` (the limit's
+    search, its sampler seed drawn at random), or ``L3-s1``: the same search again with sampler
+    seed 1, in a study and a pin of its own, to show the spread of one limit's search (issue 30's
+    "a lucky run cannot pass"). A bad token is a ``ValueError`` naming it."""
+    name, sep, seed = token.partition("-s")
+    if name not in LIMIT_NAMES or (sep and not seed.isdigit()):
+        raise ValueError(f"{token!r} is not a limit: one of {', '.join(LIMIT_NAMES)}, or L3-s1")
+    return name, int(seed) if sep else None
+
+
 def _again(name: str) -> str:
     """The suffix of a limit searched again (`SEARCHED_AGAIN`): ``-lean``, or empty."""
     return f"-{SEARCHED_AGAIN[name]}" if name in SEARCHED_AGAIN else ""
 
 
-def study_name(name: str) -> str:
-    """The study of a limit's search: ``tuner-L1``, or ``tuner-L2-m0`` when its margin is not
-    the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-lean`` for a limit
-    searched again (`SEARCHED_AGAIN`)."""
+def _seeded(seed: int | None) -> str:
+    return "" if seed is None else f"-s{seed}"
+
+
+def study_name(token: str) -> str:
+    """The study of a limit's search (`split_run`): ``tuner-L1``, or ``tuner-L2-m0`` when its
+    margin is not the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-lean``
+    for a limit searched again (`SEARCHED_AGAIN`), ``tuner-L3-m0-open30-s1`` for ``L3-s1``."""
+    name, seed = split_run(token)
     margin = MARGINS.get(name, 0.0)
-    return f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}") + _again(name)
+    return (
+        f"tuner-{name}" + ("" if margin == 0.02 else f"-m{margin:g}") + _again(name)
+        + _seeded(seed)
+    )  # fmt: skip
 
 
-def pin_file(name: str) -> str:
-    """The file name of a limit's pin: ``tuner-L1-pin.json``, ``tuner-L4-lean-pin.json``."""
-    return f"tuner-{name}{_again(name)}-pin.json"
+def pin_file(token: str) -> str:
+    """The file name of a limit's pin (`split_run`): ``tuner-L1-pin.json``,
+    ``tuner-L4-lean-pin.json``, ``tuner-L3-open30-s1-pin.json``."""
+    name, seed = split_run(token)
+    return f"tuner-{name}{_again(name)}{_seeded(seed)}-pin.json"
 
 
 def first_measured(records: Sequence[dict[str, Any]], label: str) -> dict[str, Any] | None:

@@ -36,7 +36,15 @@ from typing import Any
 import optuna
 
 from benchmarks.common import read_records, script_main, study_trials, target_cell
-from benchmarks.limits import DEFAULT_BATCH, Limit, first_measured, grid_best, limits, pin_file
+from benchmarks.limits import (
+    DEFAULT_BATCH,
+    Limit,
+    first_measured,
+    grid_best,
+    limits,
+    pin_file,
+    split_run,
+)
 from benchmarks.limits import study_name as study_name  # tuner_gpu.sh reads it from here
 from budgettune.storage import open_storage
 from budgettune.storage.trials import is_feasible
@@ -224,12 +232,21 @@ def _append(out: Path, row: dict[str, Any]) -> None:
 
 
 def search_command(
-    limit: Limit, *, storage: str, pin: Path, trials: int, reverify: int, gpus: str = ""
+    limit: Limit,
+    *,
+    storage: str,
+    pin: Path,
+    trials: int,
+    reverify: int,
+    gpus: str = "",
+    seed: int | None = None,
 ) -> list[str]:
-    """The `budgettune search` of one limit (study named after it, so a rerun resumes it)."""
+    """The `budgettune search` of one limit (study named after it, so a rerun resumes it);
+    ``seed``: the search again with that sampler seed, in a study of its own (`split_run`)."""
+    study = limit.study if seed is None else study_name(f"{limit.name}-s{seed}")
     command = [
         sys.executable, "-m", "budgettune.cli", "search", "studies/llama-1b.toml",
-        "--max-mem", f"{limit.gb:.3f}GB", "--study", limit.study, "--margin", f"{limit.margin:g}",
+        "--max-mem", f"{limit.gb:.3f}GB", "--study", study, "--margin", f"{limit.margin:g}",
         "--storage", storage, "--trials", str(trials), "--top-k", "3",
         "--reverify", str(reverify), "--output", str(pin),
     ]  # fmt: skip
@@ -241,7 +258,18 @@ def search_command(
         command += ["--fix", f"optimizer_impl={limit.fixed_optimizer}"]
     if gpus:
         command += ["--gpus", gpus]
+    if seed is not None:
+        command += ["--seed", str(seed)]
     return command
+
+
+def _limit_token(token: str) -> str:
+    """argparse type of a limit's search (`split_run`): the token, or a one-line usage error."""
+    try:
+        split_run(token)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return token
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,7 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_limits = sub.add_parser("limits", help="print L1-L5 from the grid")
     p_limits.add_argument("grid", nargs="+", type=Path)
     p_run = sub.add_parser("run", help="search at one limit, then append its record")
-    p_run.add_argument("limit", choices=["L1", "L2", "L3", "L4", "L5", "V"])
+    p_run.add_argument(
+        "limit", type=_limit_token, help="L1-L5 or V; L3-s1: L3's search again with sampler seed 1"
+    )
     p_run.add_argument("--grid", nargs="+", type=Path, required=True)
     p_run.add_argument("--storage", required=True)
     p_run.add_argument("--out", type=Path, required=True)
@@ -308,23 +338,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "run":
         grid = read_records(args.grid)
         known = limits(grid)
-        if args.limit not in known:
-            raise SystemExit(
-                f"{args.limit}: its grid point is not measured yet; run the grid first"
-            )
-        limit = known[args.limit]
-        pin = args.pins / pin_file(limit.name)
+        name, seed = split_run(args.limit)
+        if name not in known:
+            raise SystemExit(f"{name}: its grid point is not measured yet; run the grid first")
+        limit = known[name]
+        pin = args.pins / pin_file(args.limit)
         command = search_command(
             limit, storage=args.storage, pin=pin, trials=args.trials, reverify=args.reverify,
-            gpus=args.gpus,
+            gpus=args.gpus, seed=seed,
         )  # fmt: skip
         print(" ".join(command), flush=True)
         code = subprocess.call(command)
         if code != 0:
             return code
-        trials = study_trials(args.storage, [limit.study])[limit.study]
+        study = study_name(args.limit)
+        trials = study_trials(args.storage, [study])[study]
         row = record(
-            name=limit.name, trials=trials, pin=json.loads(pin.read_text()), grid=grid,
+            name=limit.name if seed is None else f"{limit.name}, sampler seed {seed}",
+            trials=trials, pin=json.loads(pin.read_text()), grid=grid,
             batch=limit.batch, optimizer=limit.fixed_optimizer, baseline_label=limit.baseline,
             max_slowdown=limit.max_slowdown, workload=limit.workload,
             gpus=len(args.gpus.split(",")) if args.gpus else 1,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 10's tuner searches on one GPU host, longer than one 10-minute device command.
 #
-#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [B64 L5] [VS-L3]   (device, .whl carried)
+#   bash benchmarks/tuner_gpu.sh WAIT_S L1 L2 L4 ... [V] [B64 L5] [L3-s1] [VS-L3[:TAG]]
+#                                                                     (device, .whl carried)
 #
 # (The wall-time figure, W, was a limit here until wall_gpu.sh took it over: `bash
 # benchmarks/wall_gpu.sh WAIT_S 0` is the same one-GPU search.) B64 runs
@@ -9,9 +10,13 @@
 # llama-b64-h200.jsonl (resumable; copy what came back to benchmarks/results/).
 #
 # VS-L3 (after L3, say): every pin of L3 the folder holds (its first search's and the searches
-# again, `SEARCHED_AGAIN`) and the grid's fastest points under L3, head to head (`python -m
-# benchmarks.versus`), one round per GPU at a time, each GPU on its own share of the CPUs;
-# appended to versus.jsonl (resumable; its report in versus-L3.md).
+# again, `SEARCHED_AGAIN`, with their seeded repeats) and the grid's fastest points under L3,
+# head to head (`python -m benchmarks.versus`), one round per GPU at a time, each GPU on its own
+# share of the CPUs; appended to versus.jsonl (resumable; its report in versus-L3.md).
+# VS-L3:TAG is a new head to head of all of them, into versus-TAG.jsonl.
+#
+# L3-s1 is L3's search again with sampler seed 1, in a study and a pin of its own
+# (`benchmarks.limits.split_run`): with its siblings, the spread of one limit's search.
 #
 # The first call starts one detached driver that runs `python -m benchmarks.tuner run L` for each
 # limit in turn (20 trials, 5 re-measurements, its own study in one SQLite file), on every GPU the
@@ -49,7 +54,7 @@ fi
 if ! bt_running "$state"; then
     if [ ! -f "$state/tuner.db" ] && [ -f "$kept/tuner.db" ]; then
         cp "$kept/tuner.db" "$state/tuner.db"
-        cp "$kept"/tuner-*-pin.json "$kept"/tuner-records.jsonl "$kept"/versus.jsonl "$state/" \
+        cp "$kept"/tuner-*-pin.json "$kept"/tuner-records.jsonl "$kept"/versus*.jsonl "$state/" \
             2>/dev/null
         cp "$results/llama-b64-h200.jsonl" "$state/" 2>/dev/null
         echo "resuming from $kept/tuner.db" | tee -a "$state/driver.log"
@@ -71,7 +76,8 @@ cd "$PWD"
 source benchmarks/device_env.sh
 for limit in $*; do
     if [ "\${limit#VS-}" != "\$limit" ]; then  # the head to head of one limit's pins
-        l=\${limit#VS-}
+        l=\${limit#VS-}; tag=\${l#*:}; l=\${l%%:*}  # VS-L3:seeds: into versus-seeds.jsonl
+        [ "\$tag" = "\$l" ] && out=versus || out=versus-\$tag
         pins=\$(ls "$state/tuner-\$l-pin.json" "$state"/tuner-\$l-*-pin.json 2>/dev/null)
         n=\$(echo $gpus | tr , ' ' | wc -w); rounds=\$((n > 3 ? n : 3))
         echo "== \$limit: \$(echo \$pins | wc -w) pins, \$rounds rounds, GPUs $gpus, \$(date -u +%FT%TZ)"
@@ -81,13 +87,13 @@ for limit in $*; do
              python3 -m benchmarks.versus "\$l" \\
                 --grid $results/llama-grid-h200.jsonl $results/llama-b8-h200.jsonl \\
                     $results/vit-grid-h200.jsonl \$(ls "$state/llama-b64-h200.jsonl" 2>/dev/null) \\
-                --pins \$pins --out "$state/versus.jsonl" --gpus \$g --rounds \$rounds \\
-                --claims "$state/claims-\$l" > "$state/versus-\$l-gpu\$g.txt" 2>&1) &
+                --pins \$pins --out "$state/\$out.jsonl" --gpus \$g --rounds \$rounds \\
+                --claims "$state/claims-\$l-\$out" > "$state/\$out-\$l-gpu\$g.txt" 2>&1) &
             i=\$((i + 1))
         done
         wait
-        cat "$state"/versus-\$l-gpu*.txt
-        python3 -m benchmarks.grid30_final report "$state/versus.jsonl" > "$state/versus-\$l.md"
+        cat "$state"/\$out-\$l-gpu*.txt
+        python3 -m benchmarks.grid30_final report "$state/\$out.jsonl" > "$state/\$out-\$l.md"
         echo "== \$limit: done \$(date -u +%FT%TZ)"
         continue
     fi
@@ -142,7 +148,7 @@ bt_sqlite_copy "$state/tuner.db" "$OUT/tuner.db"
 cat "$state/device.txt" budgettune-runs/*/workers/*.log "$state"/runs-*/*/workers/*.log \
     > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null
-cp "$state"/tuner-records.jsonl "$state"/llama-b64-h200.jsonl "$state"/versus.jsonl "$OUT"/ \
+cp "$state"/tuner-records.jsonl "$state"/llama-b64-h200.jsonl "$state"/versus*.jsonl "$OUT"/ \
     2>/dev/null
 # the pins travel as one archive: a device command brings back at most 8 files
 (cd "$state" && ls tuner-*-pin.json > /dev/null 2>&1 && tar cf "$OUT/pins.tar" tuner-*-pin.json)

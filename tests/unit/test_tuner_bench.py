@@ -120,21 +120,26 @@ def test_first_within_counts_finished_trials_until_a_feasible_one_is_close() -> 
     assert _tuner().first_within(trials[:2], 67.8) is None
 
 
-def test_record_of_a_search() -> None:
-    pin = {
-        "limit_bytes": 16.5e9,
+def _pin(gb: float, ms: float, limit_gb: float = 16.5, study: str = "tuner-L1") -> dict[str, Any]:
+    """A pinned config as `budgettune search` writes it (what `record` reads)."""
+    return {
+        "limit_bytes": limit_gb * 1e9,
         "mem_metric": "device",
-        "study_name": "tuner-L1",
+        "study_name": study,
         "created_at": (T0 + timedelta(seconds=300)).isoformat() + "+00:00",
         "spec": {"activation_memory_budget": 0.7, "optimizer_impl": "fused"},
         "measured": {
-            "peak_worst_bytes": 15.61e9,
+            "peak_worst_bytes": gb * 1e9,
             "peak_phase": "backward",
-            "step_time_ms": 68.0,
+            "step_time_ms": ms,
             "runs": 5,
         },
         "fingerprint": {"device_name": "NVIDIA H200", "torch_version": "2.11.0+cu130"},
     }
+
+
+def test_record_of_a_search() -> None:
+    pin = _pin(15.61, 68.0)
     trials = [_trial(0, 0, 40, 77.0), _trial(1, 40, 90, 68.5)]
     row = _tuner().record(name="L1", trials=trials, pin=pin, grid=GRID, max_slowdown=-0.10, gpus=4)
     assert row["grid_best"]["label"] == "fused-budget-0.7" and row["gpus"] == 4
@@ -210,6 +215,53 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
     )
     assert "--study tuner-L1-open30 --margin 0.02 " in l1
     assert tuner.pin_file("L1") == "tuner-L1-open30-pin.json"
+
+
+def test_a_seeded_repeat_of_a_limit_gets_its_own_study_pin_seed_and_record_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuner, lim = _tuner(), _limits()
+    assert lim.split_run("L3") == ("L3", None) and lim.split_run("L3-s12") == ("L3", 12)
+    for bad in ("L7", "L3-s", "L3-sx", "l3", "L3-r1"):
+        with pytest.raises(ValueError, match="is not a limit"):
+            lim.split_run(bad)
+    # the first search's study and pin stay; the repeat's are apart from both
+    assert tuner.study_name("L3-s1") == "tuner-L3-m0-open30-s1"
+    assert tuner.pin_file("L3-s1") == "tuner-L3-open30-s1-pin.json"
+    assert tuner.study_name("L2-s0") == "tuner-L2-m0-s0" != tuner.study_name("L2")
+    known = tuner.limits(GRID)
+    kwargs = {"storage": "s.db", "pin": Path("p.json"), "trials": 20, "reverify": 5}
+    seeded = tuner.search_command(known["L3"], seed=1, **kwargs)
+    assert seeded[seeded.index("--study") + 1] == "tuner-L3-m0-open30-s1"
+    assert seeded[-2:] == ["--seed", "1"]
+    assert "--seed" not in tuner.search_command(known["L3"], **kwargs)  # drawn at random
+
+    # `tuner run L3-s1`: that search, its pin file, its study's trials, a record named for it
+    calls: list[list[str]] = []
+
+    def fake_call(command: list[str]) -> int:
+        calls.append(command)
+        (tmp_path / "tuner-L3-open30-s1-pin.json").write_text(
+            json.dumps(_pin(21.0, 120.0, limit_gb=21.93, study="tuner-L3-m0-open30-s1"))
+        )
+        return 0
+
+    asked: list[str] = []
+    monkeypatch.setattr(tuner.subprocess, "call", fake_call)
+    monkeypatch.setattr(
+        tuner, "study_trials", lambda url, names: asked.extend(names) or {names[0]: []}
+    )
+    grid_file = tmp_path / "grid.jsonl"
+    grid_file.write_text("".join(json.dumps(r) + "\n" for r in GRID))
+    out = tmp_path / "records.jsonl"
+    argv = ["run", "L3-s1", "--grid", str(grid_file), "--storage", "sqlite:///x.db"]
+    argv += ["--out", str(out), "--pins", str(tmp_path)]
+    assert tuner.main(argv) == 0
+    assert calls[0][-2:] == ["--seed", "1"] and asked == ["tuner-L3-m0-open30-s1"]
+    assert json.loads(out.read_text())["name"] == "L3, sampler seed 1"
+    with pytest.raises(SystemExit) as bad:  # a bad token: argparse's one-line usage error
+        tuner.main(["run", "L3-x", *argv[2:]])
+    assert bad.value.code == 2 and len(calls) == 1
 
 
 def test_limits_table_says_whether_the_grid_meets_each_target() -> None:
