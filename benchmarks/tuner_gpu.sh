@@ -13,7 +13,9 @@
 # again, `SEARCHED_AGAIN`, with their seeded repeats) and the grid's fastest points under L3,
 # head to head (`python -m benchmarks.versus`), one round per GPU at a time, each GPU on its own
 # share of the CPUs; appended to versus.jsonl (resumable; its report in versus-L3.md).
-# VS-L3:TAG is a new head to head of all of them, into versus-TAG.jsonl.
+# VS-L3:TAG is a new head to head, of the first search's pin and the pins of the searches again
+# with that suffix (tuner-L3-TAG*-pin.json: `L3-s0 L3-s1 L3-s2 VS-L3:edge`), into
+# versus-TAG.jsonl. (Run on 2026-11-27 as VS-L3:seeds, when TAG took every pin of L3.)
 #
 # L3-s1 is L3's search again with sampler seed 1, in a study and a pin of its own
 # (`benchmarks.limits.split_run`): with its siblings, the spread of one limit's search.
@@ -27,7 +29,7 @@
 # 2026-11-25: it did between two calls, and was gone on each new machine; a lease lasts 30 min).
 #
 # A call that finds no driver copies the database from benchmarks/results/h200-tuner-2026-11-25/
-# (put what came back there first, the pins unpacked from pins.tar) and resumes each unfinished
+# (put what came back there first, pins.tar and versus.tar unpacked) and resumes each unfinished
 # limit with the trials it still lacks (`--trials 0` once it has 20: only re-verify and pin). A
 # trial cut off mid-run is failed and retried by the search; re-verification runs already
 # stored count, so only the missing ones run.
@@ -76,9 +78,9 @@ cd "$PWD"
 source benchmarks/device_env.sh
 for limit in $*; do
     if [ "\${limit#VS-}" != "\$limit" ]; then  # the head to head of one limit's pins
-        l=\${limit#VS-}; tag=\${l#*:}; l=\${l%%:*}  # VS-L3:seeds: into versus-seeds.jsonl
-        [ "\$tag" = "\$l" ] && out=versus || out=versus-\$tag
-        pins=\$(ls "$state/tuner-\$l-pin.json" "$state"/tuner-\$l-*-pin.json 2>/dev/null)
+        l=\${limit#VS-}; tag=\${l#*:}; l=\${l%%:*}  # VS-L3:edge: into versus-edge.jsonl
+        if [ "\$tag" = "\$l" ]; then out=versus; tag=; else out=versus-\$tag; tag=\$tag-; fi
+        pins=\$(ls "$state/tuner-\$l-pin.json" "$state"/tuner-\$l-\$tag*-pin.json 2>/dev/null)
         n=\$(echo $gpus | tr , ' ' | wc -w); rounds=\$((n > 3 ? n : 3))
         echo "== \$limit: \$(echo \$pins | wc -w) pins, \$rounds rounds, GPUs $gpus, \$(date -u +%FT%TZ)"
         i=0
@@ -148,9 +150,10 @@ bt_sqlite_copy "$state/tuner.db" "$OUT/tuner.db"
 cat "$state/device.txt" budgettune-runs/*/workers/*.log "$state"/runs-*/*/workers/*.log \
     > "$OUT/workers.log" 2>/dev/null
 cp "$state"/driver.log "$OUT"/ 2>/dev/null
-cp "$state"/tuner-records.jsonl "$state"/llama-b64-h200.jsonl "$state"/versus*.jsonl "$OUT"/ \
-    2>/dev/null
-# the pins travel as one archive: a device command brings back at most 8 files
+cp "$state"/tuner-records.jsonl "$state"/llama-b64-h200.jsonl "$OUT"/ 2>/dev/null
+# the pins travel as one archive, the head-to-head files as another: a device command brings
+# back at most 8 files
 (cd "$state" && ls tuner-*-pin.json > /dev/null 2>&1 && tar cf "$OUT/pins.tar" tuner-*-pin.json)
+(cd "$state" && ls versus*.jsonl > /dev/null 2>&1 && tar cf "$OUT/versus.tar" versus*.jsonl)
 tail -n 15 "$state/driver.log"
 tail -n 25 "$OUT/workers.log" 2>/dev/null

@@ -125,3 +125,24 @@ def test_a_choice_the_probe_left_unsettled_is_flipped_at_the_fastest_fit(
         assert measured[-1] == op1.replace(optimizer_impl="fused")
         # still searched by the sampler
         assert "optimizer_impl" not in sampling_space(search, study.user_attrs).fixed
+
+
+def test_a_long_study_then_lowers_the_budget_at_the_memory_edge(tmp_path: Path) -> None:
+    """With trials to spare (20, not 10), once block AC is mapped the fastest point over the
+    limit (no block AC, 45 ms, over at every budget here) is measured at lower budgets, by
+    bisection over the searched range [0, 0.7] (budgets to three decimals), until the bounds
+    are within an eighth."""
+    search = _search(tmp_path).replace(num_trials=20)
+    with storage_mod.open_storage(search.storage_url) as store:
+        study, _ = open_study(search, store, create=True, heartbeat_s=10)
+        for _ in range(search.num_trials):
+            plan_opening(study, search, lambda _: None)
+            if not any(t.state is optuna.trial.TrialState.WAITING for t in study.trials):
+                break
+            _measure(study, search)
+        labels = [t.user_attrs.get("baseline") for t in study.trials]
+        assert labels[7] == "structured-op-2"  # the opening as with 10 trials
+        assert labels[8:] == ["edge-none-0.35", "edge-none-0.175", "edge-none-0.087"]
+        last = TrialSpec.from_json_dict(study.trials[-1].user_attrs["spec"])
+        assert (last.block_ac_every, last.optimizer_impl) == (0, "fused")
+        assert last.activation_memory_budget == 0.087

@@ -3,10 +3,16 @@ choices settle, and which block-AC points the bisection measures next."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import optuna
+
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
+    EDGE_MIN_LEFT,
     Point,
+    next_edge,
     next_flip,
     next_structured,
     settle,
@@ -15,6 +21,8 @@ from budgettune.search.structured import (
     structured_spec,
     wants_structured_opening,
 )
+from budgettune.storage.trials import record_of
+from budgettune.storage.user_attrs import TARGET_ATTR
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
 GB = 1_000_000_000
@@ -194,3 +202,115 @@ def test_an_unsettled_choice_is_flipped_once_at_the_fastest_point_that_fits() ->
     assert step == ("flip-optimizer_impl", op1)
     # nothing fits yet: nothing to flip at
     assert next_flip(search, [_ok("x", op1, 11.0, 50.0)], held, given) is None
+
+
+def _l3_peak(policy: str, stride: int, budget: float) -> tuple[float, float]:
+    """(GB, ms) shaped like the built-in Llama at B=8 on an H200 (2026-11-27,
+    benchmarks/results/h200-tuner-2026-11-25/): op AC every 2nd block over the limit at budget
+    1.0 and under it from about 0.86 down; every 4th block under it only below about 0.65."""
+    top = {("full", 1): (19.9, 145.4), ("full", 2): (21.3, 134.6), ("full", 4): (23.8, 127.4),
+           ("op", 1): (20.2, 132.2), ("op", 2): (23.2, 125.8), ("op", 4): (24.0, 124.0),
+           ("full", 0): (26.6, 121.0)}[(policy if stride else "full", stride)]  # fmt: skip
+    if budget >= 1.0:
+        return top
+    floor, steep = {2: (20.4, 4), 4: (19.7, 2)}.get(stride, (top[0] - 1.0, 2))
+    gb = floor + (top[0] - floor) * budget**steep  # flat at low budgets, steep towards 1.0
+    return gb, top[1] + 12.0 * (1.0 - budget)
+
+
+def test_the_memory_edge_lowers_the_budget_of_the_fastest_stride_over_the_limit() -> None:
+    """Built-in Llama at L3 (21.93 GB, margin 0), searched three times with the structured
+    opening: op AC every 2nd block at budget 1.0 was the fastest point over the limit, and the
+    pins that beat the rest were that stride or the next sparser one with a budget just under
+    the limit, found by the sampler's draws or not at all."""
+    search = SearchSpec(
+        workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000, margin=0.0,
+        num_trials=20, space=SearchSpace(block_ac_every=(0, 1, 2, 4)),
+    )  # fmt: skip
+    base = TrialSpec(optimizer_impl="fused", cuda_alloc_conf=EXPANDABLE)
+
+    def measured(label: str, spec: TrialSpec) -> Point:
+        gb, ms = _l3_peak(spec.block_ac_policy, spec.block_ac_every, spec.activation_memory_budget)
+        return _ok(label, spec, gb, ms, limit_gb=21.931 * 1.03)  # _ok's margin: 3 %
+
+    points = [
+        measured(structured_label(p, s), structured_spec(base, p, s))
+        for p, s in [("full", 1), ("full", 2), ("full", 4), ("op", 1), ("op", 2)]
+    ]
+    assert [p.fits for p in points] == [True, True, False, True, False]
+    asked = []
+    while (step := next_edge(search, points, base, ("full", "op"), trials_left=10)) is not None:
+        asked.append(step[0])
+        points.append(measured(*step))
+    # op-2 first (its budget-1.0 point was the fastest over the limit), then op-4; each
+    # bisected to an eighth of the budget range
+    assert asked == [
+        "edge-op-2-0.5", "edge-op-2-0.75", "edge-op-2-0.875",
+        "edge-op-4-0.5", "edge-op-4-0.75", "edge-op-4-0.625",
+    ]  # fmt: skip
+    fits = {p.label: p.step_time_ms for p in points if p.fits}
+    assert max(fits, key=lambda label: -fits[label]) == "edge-op-4-0.625"
+    assert next_edge(search, points, base, ("full", "op"), trials_left=10) is None  # mapped
+
+    # two workers: while op-2's point runs, op-4 is bisected beside it; with both busy, none
+    opening = points[:5]
+    running = Point(label="x", spec=structured_spec(base, "op", 2).replace(
+        activation_memory_budget=0.5), finished=False)  # fmt: skip
+    label, spec = next_edge(search, [*opening, running], base, ("full", "op"), 10) or ("", None)
+    assert label == "edge-op-4-0.5" and spec is not None and spec.block_ac_every == 4
+    other = Point(label=label, spec=spec, finished=False)
+    assert next_edge(search, [*opening, running, other], base, ("full", "op"), 10) is None
+
+
+def test_the_memory_edge_waits_for_trials_a_searched_budget_and_a_faster_point_over() -> None:
+    search = SearchSpec(
+        workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000, margin=0.0,
+        num_trials=20, space=SearchSpace(block_ac_every=(0, 1, 2, 4)),
+    )  # fmt: skip
+    base = TrialSpec(optimizer_impl="fused")
+    full1, op2 = structured_spec(base, "full", 1), structured_spec(base, "op", 2)
+    points = [_ok("a", full1, 19.9, 130.0, 22.6), _ok("b", op2, 23.2, 125.8, 22.6)]
+    assert next_edge(search, points, base, ("full", "op"), 10) is not None
+    # a 12-trial study after its opening: its last trials stay the sampler's
+    assert next_edge(search, points, base, ("full", "op"), EDGE_MIN_LEFT - 1) is None
+    # the user fixed the budget: nothing to lower
+    fixed = SearchSpec(
+        workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000,
+        num_trials=20, space=SearchSpace(block_ac_every=(0, 1, 2, 4), fixed={
+            "activation_memory_budget": 1.0}),
+    )  # fmt: skip
+    assert next_edge(fixed, points, base, ("full", "op"), 10) is None
+    # the point over the limit is not faster than what fits (beyond noise): lowering its
+    # budget cannot win
+    slow = [_ok("a", full1, 19.9, 126.5, 22.6), points[1]]
+    assert next_edge(search, slow, base, ("full", "op"), 10) is None
+    # nothing fits yet: the edge has no time to beat (the sampler and offload look there)
+    assert next_edge(search, points[1:], base, ("full", "op"), 10) is None
+    # a budget out of memory counts as over the limit; the range's low end bounds it
+    narrow = SearchSpec(
+        workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000,
+        num_trials=20, space=SearchSpace(block_ac_every=(0, 1, 2, 4), budget_low=0.2),
+    )  # fmt: skip
+    oom = Point(label="e", spec=op2.replace(activation_memory_budget=0.6), finished=True,
+                outcome="oom")  # fmt: skip
+    step = next_edge(narrow, [*points, oom], base, ("full", "op"), 10)
+    assert step is not None and step[1].activation_memory_budget == 0.4
+
+
+def test_the_memory_edge_cannot_have_changed_issue_30s_twelve_trial_searches() -> None:
+    """Issue 30's verdict (benchmarks/results/grid30/) was measured before the memory edge.
+    An edge point is only queued once the opening has started all its points (the map is
+    complete and the flips are asked), so a study whose opening took at least
+    12 - EDGE_MIN_LEFT + 1 trials never reached it: each of the nine did."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    folder = Path(__file__).resolve().parents[2] / "benchmarks/results/grid30"
+    databases = sorted(folder.glob("grid30-*-s[0-9].db"))
+    assert len(databases) == 9
+    for database in databases:
+        (study,) = [
+            optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{database}")
+            for s in optuna.get_all_study_summaries(f"sqlite:///{database}")
+        ]
+        opening = {record_of(t).baseline for t in study.trials} - {None}
+        assert study.user_attrs[TARGET_ATTR] == 12
+        assert 12 - len(opening) < EDGE_MIN_LEFT, (database.name, sorted(opening))
