@@ -68,7 +68,7 @@ most: their first searches came within 2 % of the grid best only through sampled
 15th and the 7th), which the opening now takes; L2's and V's grid bests are op-policy AC on
 every block, a structured point the opening measures itself, and L4's and L5's came at their
 2nd-3rd trial, the budget-0.8 point, which it still measures first. ``edge``: L3 searched again
-with the memory edge after the opening (`budgettune.search.structured.next_edge`): its three
+with the memory edge after the opening (`budgettune.search.edge.next_edge`): its three
 ``open30`` searches (``tuner-L3-m0-open30``, ``-s1``, ``-s2``, 2026-11-27) pinned 1.2-3.2 %
 behind the first search's pin head to head, which lies at that edge; L1's opening has no block-AC
 point over its limit, so the edge cannot open there."""

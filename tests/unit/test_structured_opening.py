@@ -7,12 +7,11 @@ from pathlib import Path
 
 import optuna
 
+from budgettune.search.edge import EDGE_MIN_LEFT, next_edge
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
-    EDGE_MIN_LEFT,
     Point,
-    next_edge,
     next_flip,
     next_structured,
     settle,

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from budgettune.search.crash_memory import narrow
+from budgettune.search.edge import next_edge
 from budgettune.search.opening import enqueue_baseline
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
@@ -21,7 +22,6 @@ from budgettune.search.structured import (
     STRUCTURED_PREFIX,
     Point,
     held_values,
-    next_edge,
     next_flip,
     next_structured,
     settle,
