@@ -54,7 +54,7 @@ peak and its search ended with exit 3, and L4's (16.22 GB) under the grid's best
 ``tuner-L4``). L1 was searched with 2 % (its pin lies 2.5 GB under its limit)."""
 
 
-SEARCHED_AGAIN = {"L1": "open30", "L3": "edge", "L4": "lean", "L5": "lean"}
+SEARCHED_AGAIN = {"L1": "open30", "L3": "edge2", "L4": "lean", "L5": "lean"}
 """Limits searched again, in a study of their own (its name and pin file take this suffix; the
 earlier studies stay in the database). The first searches of L4 and L5 (``tuner-L4-m0``,
 ``tuner-L5-m0``) opened without the high-budget point that
@@ -67,11 +67,14 @@ the opening now does. ``open30``: L1 and L3 searched again with issue 30's struc
 most: their first searches came within 2 % of the grid best only through sampled trials (the
 15th and the 7th), which the opening now takes; L2's and V's grid bests are op-policy AC on
 every block, a structured point the opening measures itself, and L4's and L5's came at their
-2nd-3rd trial, the budget-0.8 point, which it still measures first. ``edge``: L3 searched again
-with the memory edge after the opening (`budgettune.search.edge.next_edge`): its three
-``open30`` searches (``tuner-L3-m0-open30``, ``-s1``, ``-s2``, 2026-11-27) pinned 1.2-3.2 %
-behind the first search's pin head to head, which lies at that edge; L1's opening has no block-AC
-point over its limit, so the edge cannot open there."""
+2nd-3rd trial, the budget-0.8 point, which it still measures first.
+
+``edge2``: L3 searched again with the memory edge (`budgettune.search.edge.next_edge`): its
+three ``open30`` searches (``tuner-L3-m0-open30``, ``-s1``, ``-s2``, 2026-11-27) pinned
+1.2-3.2 % behind the first search's pin head to head, which lies at that edge.
+``tuner-L3-m0-edge-s0``, the same day, ran the edge as first written, after the map only:
+with four workers the map finished when 17 of the 20 trials had started, and the edge never
+ran. L1's opening has no block-AC point over its limit, so the edge cannot open there."""
 
 
 LIMIT_NAMES = ("L1", "L2", "L3", "L4", "L5", "V")
@@ -100,7 +103,7 @@ def _seeded(seed: int | None) -> str:
 def study_name(token: str) -> str:
     """The study of a limit's search (`split_run`): ``tuner-L1``, or ``tuner-L2-m0`` when its
     margin is not the study file's 2 % (the 2 % searches keep their names), ``tuner-L4-m0-lean``
-    for a limit searched again (`SEARCHED_AGAIN`), ``tuner-L3-m0-edge-s1`` for ``L3-s1``."""
+    for a limit searched again (`SEARCHED_AGAIN`), ``tuner-L3-m0-edge2-s1`` for ``L3-s1``."""
     name, seed = split_run(token)
     margin = MARGINS.get(name, 0.0)
     return (
@@ -111,7 +114,7 @@ def study_name(token: str) -> str:
 
 def pin_file(token: str) -> str:
     """The file name of a limit's pin (`split_run`): ``tuner-L1-pin.json``,
-    ``tuner-L4-lean-pin.json``, ``tuner-L3-edge-s1-pin.json``."""
+    ``tuner-L4-lean-pin.json``, ``tuner-L3-edge2-s1-pin.json``."""
     name, seed = split_run(token)
     return f"tuner-{name}{_again(name)}{_seeded(seed)}-pin.json"
 

@@ -14,7 +14,7 @@
 # head to head (`python -m benchmarks.versus`), one round per GPU at a time, each GPU on its own
 # share of the CPUs; appended to versus.jsonl (resumable; its report in versus-L3.md).
 # VS-L3:TAG is a new head to head, of the first search's pin and the pins of the searches again
-# with that suffix (tuner-L3-TAG*-pin.json: `L3-s0 L3-s1 L3-s2 VS-L3:edge`), into
+# with that suffix (tuner-L3-TAG-*-pin.json: `L3-s0 L3-s1 L3-s2 VS-L3:edge2`), into
 # versus-TAG.jsonl. (Run on 2026-11-27 as VS-L3:seeds, when TAG took every pin of L3.)
 #
 # L3-s1 is L3's search again with sampler seed 1, in a study and a pin of its own
@@ -78,7 +78,7 @@ cd "$PWD"
 source benchmarks/device_env.sh
 for limit in $*; do
     if [ "\${limit#VS-}" != "\$limit" ]; then  # the head to head of one limit's pins
-        l=\${limit#VS-}; tag=\${l#*:}; l=\${l%%:*}  # VS-L3:edge: into versus-edge.jsonl
+        l=\${limit#VS-}; tag=\${l#*:}; l=\${l%%:*}  # VS-L3:edge2: into versus-edge2.jsonl
         if [ "\$tag" = "\$l" ]; then out=versus; tag=; else out=versus-\$tag; tag=\$tag-; fi
         pins=\$(ls "$state/tuner-\$l-pin.json" "$state"/tuner-\$l-\$tag*-pin.json 2>/dev/null)
         n=\$(echo $gpus | tr , ' ' | wc -w); rounds=\$((n > 3 ? n : 3))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from budgettune.search.edge import EDGE_MIN_LEFT, next_edge
+from budgettune.search.edge import EDGE_MIN_TRIALS, next_edge
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
@@ -238,7 +238,7 @@ def test_the_memory_edge_lowers_the_budget_of_the_fastest_stride_over_the_limit(
     ]
     assert [p.fits for p in points] == [True, True, False, True, False]
     asked = []
-    while (step := next_edge(search, points, base, ("full", "op"), trials_left=10)) is not None:
+    while (step := next_edge(search, points, base, ("full", "op"), target=20)) is not None:
         asked.append(step[0])
         points.append(measured(*step))
     # op-2 first (its budget-1.0 point was the fastest over the limit), then op-4; each
@@ -249,16 +249,23 @@ def test_the_memory_edge_lowers_the_budget_of_the_fastest_stride_over_the_limit(
     ]  # fmt: skip
     fits = {p.label: p.step_time_ms for p in points if p.fits}
     assert max(fits, key=lambda label: -fits[label]) == "edge-op-4-0.625"
-    assert next_edge(search, points, base, ("full", "op"), trials_left=10) is None  # mapped
+    assert next_edge(search, points, base, ("full", "op"), target=20) is None  # mapped
 
-    # two workers: while op-2's point runs, op-4 is bisected beside it; with both busy, none
+    # four workers: while op-2's 0.5 runs, the next takes the half above it (0.75); with two
+    # of op-2's points running, op-4 is bisected beside them; with two of each, none
     opening = points[:5]
-    running = Point(label="x", spec=structured_spec(base, "op", 2).replace(
-        activation_memory_budget=0.5), finished=False)  # fmt: skip
-    label, spec = next_edge(search, [*opening, running], base, ("full", "op"), 10) or ("", None)
-    assert label == "edge-op-4-0.5" and spec is not None and spec.block_ac_every == 4
-    other = Point(label=label, spec=spec, finished=False)
-    assert next_edge(search, [*opening, running, other], base, ("full", "op"), 10) is None
+    asked, running = [], []
+    while (step := next_edge(search, [*opening, *running], base, ("full", "op"), 20)) is not None:
+        asked.append(step[0])
+        running.append(Point(label=step[0], spec=step[1], finished=False))
+    assert asked == ["edge-op-2-0.5", "edge-op-2-0.75", "edge-op-4-0.5", "edge-op-4-0.75"]
+    # the round's results: each edge's next point lies in the interval they leave
+    done = [measured(p.label or "", p.spec) for p in running]
+    step = next_edge(search, [*opening, *done], base, ("full", "op"), 20)
+    assert step is not None and step[0] == "edge-op-2-0.875"
+    waiting = Point(label=step[0], spec=step[1], finished=False)
+    step = next_edge(search, [*opening, *done, waiting], base, ("full", "op"), 20)
+    assert step is not None and step[0] == "edge-op-4-0.625"
 
 
 def test_the_memory_edge_waits_for_trials_a_searched_budget_and_a_faster_point_over() -> None:
@@ -269,22 +276,26 @@ def test_the_memory_edge_waits_for_trials_a_searched_budget_and_a_faster_point_o
     base = TrialSpec(optimizer_impl="fused")
     full1, op2 = structured_spec(base, "full", 1), structured_spec(base, "op", 2)
     points = [_ok("a", full1, 19.9, 130.0, 22.6), _ok("b", op2, 23.2, 125.8, 22.6)]
-    assert next_edge(search, points, base, ("full", "op"), 10) is not None
-    # a 12-trial study after its opening: its last trials stay the sampler's
-    assert next_edge(search, points, base, ("full", "op"), EDGE_MIN_LEFT - 1) is None
+    assert next_edge(search, points, base, ("full", "op"), 20) is not None
+    # of two points over the limit, the nearest to it is lowered, though the other is faster
+    full4 = _ok("c", structured_spec(base, "full", 4), 23.8, 124.0, 22.6)
+    step = next_edge(search, [*points, full4], base, ("full", "op"), 20)
+    assert step is not None and (step[1].block_ac_policy, step[1].block_ac_every) == ("op", 2)
+    # a short study: the trials its map leaves stay the sampler's
+    assert next_edge(search, points, base, ("full", "op"), EDGE_MIN_TRIALS - 1) is None
     # the user fixed the budget: nothing to lower
     fixed = SearchSpec(
         workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000,
         num_trials=20, space=SearchSpace(block_ac_every=(0, 1, 2, 4), fixed={
             "activation_memory_budget": 1.0}),
     )  # fmt: skip
-    assert next_edge(fixed, points, base, ("full", "op"), 10) is None
+    assert next_edge(fixed, points, base, ("full", "op"), 20) is None
     # the point over the limit is not faster than what fits (beyond noise): lowering its
     # budget cannot win
     slow = [_ok("a", full1, 19.9, 126.5, 22.6), points[1]]
-    assert next_edge(search, slow, base, ("full", "op"), 10) is None
+    assert next_edge(search, slow, base, ("full", "op"), 20) is None
     # nothing fits yet: the edge has no time to beat (the sampler and offload look there)
-    assert next_edge(search, points[1:], base, ("full", "op"), 10) is None
+    assert next_edge(search, points[1:], base, ("full", "op"), 20) is None
     # a budget out of memory counts as over the limit; the range's low end bounds it
     narrow = SearchSpec(
         workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000,
@@ -292,15 +303,14 @@ def test_the_memory_edge_waits_for_trials_a_searched_budget_and_a_faster_point_o
     )  # fmt: skip
     oom = Point(label="e", spec=op2.replace(activation_memory_budget=0.6), finished=True,
                 outcome="oom")  # fmt: skip
-    step = next_edge(narrow, [*points, oom], base, ("full", "op"), 10)
+    step = next_edge(narrow, [*points, oom], base, ("full", "op"), 20)
     assert step is not None and step[1].activation_memory_budget == 0.4
 
 
 def test_the_memory_edge_cannot_have_changed_issue_30s_twelve_trial_searches() -> None:
     """Issue 30's verdict (benchmarks/results/grid30/) was measured before the memory edge.
-    An edge point is only queued once the opening has started all its points (the map is
-    complete and the flips are asked), so a study whose opening took at least
-    12 - EDGE_MIN_LEFT + 1 trials never reached it: each of the nine did."""
+    The edge runs only in studies of EDGE_MIN_TRIALS trials or more; each of the nine had a
+    target of 12."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     folder = Path(__file__).resolve().parents[2] / "benchmarks/results/grid30"
     databases = sorted(folder.glob("grid30-*-s[0-9].db"))
@@ -310,6 +320,6 @@ def test_the_memory_edge_cannot_have_changed_issue_30s_twelve_trial_searches() -
             optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{database}")
             for s in optuna.get_all_study_summaries(f"sqlite:///{database}")
         ]
-        opening = {record_of(t).baseline for t in study.trials} - {None}
-        assert study.user_attrs[TARGET_ATTR] == 12
-        assert 12 - len(opening) < EDGE_MIN_LEFT, (database.name, sorted(opening))
+        labels = {record_of(t).baseline or "" for t in study.trials}
+        assert study.user_attrs[TARGET_ATTR] == 12 < EDGE_MIN_TRIALS
+        assert not any(label.startswith("edge-") for label in labels)

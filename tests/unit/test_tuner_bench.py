@@ -193,7 +193,7 @@ def test_search_command_sets_batch_for_l3_and_fixes_the_optimizer_for_l4() -> No
     joined = " ".join(command[1:])
     # the limits with their own headroom are searched without the study file's 2 % margin,
     # in a study of their own (the 2 % searches of 2026-11-25 keep theirs)
-    assert "--max-mem 21.934GB" in joined and "--study tuner-L3-m0-edge --margin 0 " in joined
+    assert "--max-mem 21.934GB" in joined and "--study tuner-L3-m0-edge2 --margin 0 " in joined
     assert "-o batch_size=8" in joined and "--fix" not in joined
     assert "--trials 20" in joined and "--reverify 5" in joined
     l4 = " ".join(
@@ -226,13 +226,13 @@ def test_a_seeded_repeat_of_a_limit_gets_its_own_study_pin_seed_and_record_name(
         with pytest.raises(ValueError, match="is not a limit"):
             lim.split_run(bad)
     # the first search's study and pin stay; the repeat's are apart from both
-    assert tuner.study_name("L3-s1") == "tuner-L3-m0-edge-s1"
-    assert tuner.pin_file("L3-s1") == "tuner-L3-edge-s1-pin.json"
+    assert tuner.study_name("L3-s1") == "tuner-L3-m0-edge2-s1"
+    assert tuner.pin_file("L3-s1") == "tuner-L3-edge2-s1-pin.json"
     assert tuner.study_name("L2-s0") == "tuner-L2-m0-s0" != tuner.study_name("L2")
     known = tuner.limits(GRID)
     kwargs = {"storage": "s.db", "pin": Path("p.json"), "trials": 20, "reverify": 5}
     seeded = tuner.search_command(known["L3"], seed=1, **kwargs)
-    assert seeded[seeded.index("--study") + 1] == "tuner-L3-m0-edge-s1"
+    assert seeded[seeded.index("--study") + 1] == "tuner-L3-m0-edge2-s1"
     assert seeded[-2:] == ["--seed", "1"]
     assert "--seed" not in tuner.search_command(known["L3"], **kwargs)  # drawn at random
 
@@ -241,8 +241,8 @@ def test_a_seeded_repeat_of_a_limit_gets_its_own_study_pin_seed_and_record_name(
 
     def fake_call(command: list[str]) -> int:
         calls.append(command)
-        (tmp_path / "tuner-L3-edge-s1-pin.json").write_text(
-            json.dumps(_pin(21.0, 120.0, limit_gb=21.93, study="tuner-L3-m0-edge-s1"))
+        (tmp_path / "tuner-L3-edge2-s1-pin.json").write_text(
+            json.dumps(_pin(21.0, 120.0, limit_gb=21.93, study="tuner-L3-m0-edge2-s1"))
         )
         return 0
 
@@ -257,7 +257,7 @@ def test_a_seeded_repeat_of_a_limit_gets_its_own_study_pin_seed_and_record_name(
     argv = ["run", "L3-s1", "--grid", str(grid_file), "--storage", "sqlite:///x.db"]
     argv += ["--out", str(out), "--pins", str(tmp_path)]
     assert tuner.main(argv) == 0
-    assert calls[0][-2:] == ["--seed", "1"] and asked == ["tuner-L3-m0-edge-s1"]
+    assert calls[0][-2:] == ["--seed", "1"] and asked == ["tuner-L3-m0-edge2-s1"]
     assert json.loads(out.read_text())["name"] == "L3, sampler seed 1"
     with pytest.raises(SystemExit) as bad:  # a bad token: argparse's one-line usage error
         tuner.main(["run", "L3-x", *argv[2:]])

@@ -1,13 +1,14 @@
-"""The memory edge: the opening's step after the block-AC map and the flips
+"""The memory edge: the opening's budget step beside the block-AC map and the flips
 (`budgettune.search.structured`, step 4).
 
 Where the fastest block-AC point over the limit is faster than everything that fits, its
 stride and its policy's next sparser one are measured at lower budgets, by bisection on the
 budget, until the budget that fits is known to `EDGE_RESOLUTION` (`next_edge`). "Lower the
 budget until it fits" is what a person does next, and the pin often lies there: a stride
-with a budget just under the limit, which a sampler with the opening's few trials left
-reaches by chance (benchmarks/results/README.md#memory-edge). Only while the study has
-`EDGE_MIN_LEFT` trials still to start. Pure, like the rest of the opening's decisions.
+with a budget just under the limit, which the sampler reaches by chance
+(benchmarks/results/README.md#memory-edge). It runs on workers the map leaves idle, as soon as
+a point over the limit is known, and only in a study of `EDGE_MIN_TRIALS` trials or more.
+Pure, like the rest of the opening's decisions.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 
 EDGE_PREFIX = "edge-"
 """Baseline label of a memory-edge point: ``edge-op-4-0.625`` (policy, stride, budget)."""
-EDGE_MIN_LEFT = 4
-"""A memory-edge point is queued only while at least this many trials (it included) are still
-to start: the last trials stay the sampler's, and a 12-trial study, whose opening takes 9-11
-of them, runs as before."""
+EDGE_MIN_TRIALS = 16
+"""From this many trials (the study's target) the opening bisects the budget at the memory
+edge. A 12-trial study keeps the trials its map leaves to the sampler (issue 30's grid30
+searches, 12 trials each, ran without it). With four workers, a 20-trial study's map finishes
+when about 17 trials have started (L3, 2026-11-27), so the edge runs beside the map, on the
+workers it leaves idle."""
 EDGE_RESOLUTION = 0.125
 """The budget bisection stops once the highest budget that fits and the lowest over the limit
 are this close: three points from [0, 1] (0.5, then 0.75 or 0.25, then the eighth between)."""
@@ -46,27 +49,35 @@ def _edge_strides(
     base: TrialSpec,
     policies: Sequence[str],
 ) -> list[tuple[str, int]]:
-    """The (policy, stride) pairs whose budget is worth lowering: the fastest structured point
-    measured over the limit, when it is faster than every finished point that fits (beyond
-    `TIME_NOISE`), and the next sparser stride of its policy (less recompute, more memory:
-    over at budget 1.0 too, by the map)."""
+    """The (policy, stride) pairs whose budget is worth lowering: of each policy's first
+    structured point measured over the limit, those faster than every finished point that fits
+    (beyond `TIME_NOISE`; a lower budget only slows a point down), the one nearest the limit
+    (the least memory to give back in recompute); then the next sparser stride of its policy
+    (less recompute, more memory: over at budget 1.0 too, by the map).
+
+    Nearest, not fastest: at L3 op AC every 2nd block and full AC every 4th were over at
+    23.2-23.8 and 23.8-24.5 GB, within 1 % of each other in time, in either order; the pins
+    that beat the grid were op AC every 2nd or 4th block with a budget."""
     fitting = [
         p.step_time_ms for p in by_spec.values() if p.finished and p.fits and p.step_time_ms
     ]
+    if not fitting:
+        return []
+    faster_than = min(fitting) * (1 - TIME_NOISE)
     strides = ordered_strides(search)
-    over: list[tuple[float, str, int]] = []
+    over: list[tuple[int, float, str, int]] = []
     for policy in policies:
         for index, stride in enumerate(strides):
             point = by_spec.get(structured_spec(base, policy, stride))
-            if point is not None and point.finished and not point.fits:
-                if point.outcome == "ok" and point.step_time_ms is not None:
-                    over.append((point.step_time_ms, policy, index))
-                break  # this policy's first stride over the limit
-    if not fitting or not over:
+            if point is None or not point.finished or point.fits:
+                continue
+            ms, peak = point.step_time_ms, point.peak_bytes
+            if point.outcome == "ok" and ms is not None and peak is not None and ms < faster_than:
+                over.append((peak, ms, policy, index))
+            break  # this policy's first stride over the limit
+    if not over:
         return []
-    fastest_ms, policy, index = min(over)
-    if fastest_ms >= min(fitting) * (1 - TIME_NOISE):
-        return []  # lowering its budget would only make it slower than what fits already
+    _, _, policy, index = min(over)
     sparser = [(policy, strides[index + 1])] if index + 1 < len(strides) else []
     return [(policy, strides[index]), *sparser]
 
@@ -76,42 +87,47 @@ def next_edge(
     points: Sequence[Point],
     base: TrialSpec,
     policies: Sequence[str],
-    trials_left: int,
+    target: int,
 ) -> tuple[str, TrialSpec] | None:
-    """The next memory-edge point (the opening's step 4), or None: none worth measuring, the
-    two edges busy, both mapped to `EDGE_RESOLUTION`, or fewer than `EDGE_MIN_LEFT` trials
-    left.
+    """The next memory-edge point (the opening's step 4), or None: none worth measuring, both
+    edges busy or mapped to `EDGE_RESOLUTION`, or a study of fewer than `EDGE_MIN_TRIALS`.
 
-    Each edge (`_edge_strides`) is bisected on the budget on its own, so two workers can
-    measure both at once: the highest budget measured to fit (else the searched range's low
-    end) and the lowest over the limit (out of memory and crashes count as over; else the
-    range's high end) bound the next budget, their middle.
+    Each edge (`_edge_strides`) is bisected on the budget on its own: the highest budget
+    measured to fit (else the searched range's low end) and the lowest over the limit (out of
+    memory and crashes count as over; else the range's high end) bound the next budget, their
+    middle. While that point runs, one more worker may take the middle of the half above it
+    (the budget that fits is wanted as high as it goes), so four workers map both edges in
+    about two rounds; with two points of an edge running, that edge waits.
 
     Args:
         search: the search (its strides and budget range).
         points: every trial of the study, finished or not.
         base: the configuration at the settled knobs, as given otherwise.
         policies: the block-AC policies still searched.
-        trials_left: trials the study may still start, the one this asks for included.
+        target: the study's trial target.
     """
     space = search.space
-    if trials_left < EDGE_MIN_LEFT or "activation_memory_budget" in space.fixed:
+    if target < EDGE_MIN_TRIALS or "activation_memory_budget" in space.fixed:
         return None
     budget = KNOB_BY_NAME["activation_memory_budget"]
     by_spec = by_spec_of(points)
     for policy, stride in _edge_strides(search, by_spec, base, policies):
         top = structured_spec(base, policy, stride)
-        low, high, busy = space.budget_low, space.budget_high, False
+        low, high, running = space.budget_low, space.budget_high, []
         for spec, point in by_spec.items():
             if spec.replace(activation_memory_budget=1.0) != top:
                 continue
             if not point.finished:
-                busy = True
+                running.append(spec.activation_memory_budget)
             elif point.fits:
                 low = max(low, spec.activation_memory_budget)
             else:
                 high = min(high, spec.activation_memory_budget)
-        if busy or high - low <= EDGE_RESOLUTION:
+        if len(running) > 1:
+            continue
+        if running and low < running[0] < high:
+            low = running[0]  # as if it fits: the half above it
+        if high - low <= EDGE_RESOLUTION:
             continue
         middle = round((low + high) / 2, 3)
         spec = top.replace(activation_memory_budget=middle)

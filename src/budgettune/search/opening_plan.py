@@ -1,6 +1,6 @@
 """The structured opening in a running study (`search.structured` decides; this reads the
 study and acts): hold the free choices its settle probes decided, and queue its next
-structured point, then its flips, then its memory-edge points. Called under the claim lock,
+structured point, then its flips, and its memory-edge points. Called under the claim lock,
 before a worker asks for its next trial, so two workers never queue the same point; the
 decision uses finished trials only.
 """
@@ -29,7 +29,6 @@ from budgettune.search.structured import (
     wants_structured_opening,
 )
 from budgettune.search.study import as_given
-from budgettune.search.target import count_trials
 from budgettune.storage.trials import FULL_AC, record_of
 from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, TARGET_ATTR
 
@@ -109,10 +108,9 @@ def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str]
         p.finished for p in points if (p.label or "").startswith(STRUCTURED_PREFIX)
     ):  # the map is complete: the unsettled free choices, at the fastest point that fits
         step = next_flip(search, points, holding, given)
-        if step is None:  # then the budget that fits at the memory edge
-            target = int(attrs.get(TARGET_ATTR) or search.num_trials)
-            count = count_trials(trials, target=target)
-            step = next_edge(search, points, base, policies, count.target - count.counted)
+    if step is None:  # nothing else to queue now: the budget that fits at the memory edge
+        target = int(attrs.get(TARGET_ATTR) or search.num_trials)
+        step = next_edge(search, points, base, policies, target)
     if step is not None:
         label, spec = step
         enqueue_baseline(study, search, label, spec)

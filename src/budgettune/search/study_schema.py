@@ -104,9 +104,9 @@ class StudyTable(BaseModel):
         "are searched; from 8 trials on, full block AC with each of those flipped, the winner "
         "on both memory and time held for the study, then block AC strides per policy placed "
         "by bisection on the memory axis, then each choice left unsettled flipped at the "
-        "fastest point that fits, then, while 4 trials or more are left, the budget of the "
-        "fastest block-AC point over the limit and of its next sparser stride lowered by "
-        "bisection until it fits); 0 runs none and only re-verifies and pins what an existing "
+        "fastest point that fits; from 16 trials on, beside those, the budget of the "
+        "block-AC point over the limit nearest to it, and of its next sparser stride, lowered "
+        "by bisection until it fits); 0 runs none and only re-verifies and pins what an existing "
         "study holds (a search cut off before its pin)"
     )
     study_name: Annotated[str, Field(pattern=STUDY_NAME_PATTERN.pattern)] | None = _key(
