@@ -323,3 +323,52 @@ def test_the_memory_edge_cannot_have_changed_issue_30s_twelve_trial_searches() -
         labels = {record_of(t).baseline or "" for t in study.trials}
         assert study.user_attrs[TARGET_ATTR] == 12 < EDGE_MIN_TRIALS
         assert not any(label.startswith("edge-") for label in labels)
+
+
+def test_an_edge_once_begun_is_bisected_to_the_end_and_a_failure_stops_it() -> None:
+    """Review of 2026-11-27: judged afresh at each step, an edge whose own fit came within 1 %
+    of its top's time dropped its sparser stride unmeasured, and a nearer point over the
+    limit found later by the map switched both edges half done."""
+    search = SearchSpec(
+        workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000, margin=0.0,
+        num_trials=EDGE_MIN_TRIALS, space=SearchSpace(block_ac_every=(0, 1, 2, 4)),
+    )  # fmt: skip
+    base = TrialSpec(optimizer_impl="fused")
+    op = {s: structured_spec(base, "op", s) for s in (1, 2, 4)}
+    full4 = structured_spec(base, "full", 4)
+    limit = 21.931 * 1.03  # _ok's margin
+    points = [_ok("a", op[1], 20.2, 132.0, limit), _ok("b", full4, 23.8, 127.0, limit)]
+    step = next_edge(search, points, base, ("full", "op"), EDGE_MIN_TRIALS)  # target 16: on
+    assert step is not None and step[0] == "edge-full-4-0.5"
+    # full-4's edge began; then the map finds op-2 over, nearer the limit: full-4 is kept
+    points += [_ok(step[0], step[1], 21.0, 131.0, limit), _ok("c", op[2], 23.2, 126.0, limit)]
+    step = next_edge(search, points, base, ("full", "op"), 16)
+    assert step is not None and step[0] == "edge-full-4-0.75"
+    # its fit at 0.75 comes within 1 % of its top's time: still bisected, then its sparser
+    # stride (no block AC) too
+    points.append(_ok(step[0], step[1], 21.8, 127.5, limit))
+    step = next_edge(search, points, base, ("full", "op"), 16)
+    assert step is not None and step[0] == "edge-full-4-0.875"
+    points.append(_ok(step[0], step[1], 22.5, 127.2, limit))
+    step = next_edge(search, points, base, ("full", "op"), 16)
+    assert step is not None and step[0] == "edge-none-0.5"
+    # a crash there is no memory to give back: that edge stops, the search goes on sampling
+    points.append(Point(label=step[0], spec=step[1], finished=True, outcome="crashed"))
+    assert next_edge(search, points, base, ("full", "op"), 16) is None
+
+
+def test_an_edge_asks_only_for_what_can_run() -> None:
+    search = SearchSpec(
+        workload="builtin:llama", study_name="s", max_mem_bytes=21_931_000_000, margin=0.0,
+        num_trials=20, space=SearchSpace(block_ac_every=(0, 1, 2, 4)),
+    )  # fmt: skip
+    limit = 21.931 * 1.03
+    for base in (TrialSpec(), TrialSpec(compile_mode="eager"), TrialSpec(offload_every=1)):
+        # eager: the budget moves nothing; offloading under the op policy with a budget below
+        # 1: a pairing the search leaves out (`_offload_relevant`)
+        points = [
+            _ok("a", structured_spec(base, "op", 1), 20.2, 132.0, limit),
+            _ok("b", structured_spec(base, "op", 2), 23.2, 126.0, limit),
+        ]
+        step = next_edge(search, points, base, ("op",), 20)
+        assert (step is not None) == (base == TrialSpec()), (base, step)

@@ -2,7 +2,8 @@
 study and acts): hold the free choices its settle probes decided, and queue its next
 structured point, then its flips, and its memory-edge points. Called under the claim lock,
 before a worker asks for its next trial, so two workers never queue the same point; the
-decision uses finished trials only.
+decisions use what finished, and the running and queued points only so as not to ask for
+them again (or, at the memory edge, to take the half above one).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ strides, policies, optimizers, allocators) pairs them late
    block AC, where the step is mostly recompute) is measured flipped once at the fastest point
    that fits (`next_flip`): where it matters is where the pin will be
    (benchmarks/results/README.md#flip-at-incumbent);
-4. **the memory edge** (`budgettune.search.edge`): the budget that fits, at the fastest
-   block-AC point over the limit and its next sparser stride;
+4. **the memory edge** (`budgettune.search.edge`), beside the map: the highest budget that
+   fits, at the block-AC point over the limit nearest to it and its next sparser stride;
 5. then the sampler, with the settled knobs held, refines budgets, op lists and solvers
    around what fits.
 
