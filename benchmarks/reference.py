@@ -49,7 +49,11 @@ def measure(config: dict[str, Any], *, device: str, args: argparse.Namespace) ->
         device=device,
         cache_root=str(args.runs_dir / "cache") if args.cache else None,
     )
-    result = launch_trial(run, run_dir=args.runs_dir / config["label"], timeout_s=args.timeout)
+    # a folder per label and device: two workers measuring one label at once (a head to head's
+    # rounds, `grid30_final.measure_rounds`) would clear each other's result file (on
+    # 2026-11-27 a round's "exited with code 0 without writing a result")
+    folder = args.runs_dir / f"{config['label']}-{device.replace(':', '')}"
+    result = launch_trial(run, run_dir=folder, timeout_s=args.timeout)
     return {
         **config,
         "spec": spec.to_json_dict(),

@@ -116,7 +116,7 @@ try:
 except Exception:
     print(0)
 else:
-    print(sum(t.state != optuna.trial.TrialState.RUNNING for t in study.trials))
+    print(sum(t.state.is_finished() for t in study.trials))  # not those queued or cut
 PY
 )
     left=\$((20 - done_n)); [ "\$left" -ge 0 ] || left=0  # 0: only re-verify and pin

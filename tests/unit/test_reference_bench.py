@@ -83,3 +83,25 @@ def test_help_lists_every_set(capsys: pytest.CaptureFixture[str]) -> None:
         reference.main(["--help"])
     text = capsys.readouterr().out
     assert all(f"  {name} " in text for name in config_sets.SETS)
+
+
+def test_one_label_on_two_devices_runs_in_two_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head to head's rounds measure one label on two GPUs at once: a shared run folder let
+    one launcher clear the other's result file (a round "exited with code 0 without writing a
+    result", 2026-11-27)."""
+    folders: list[Path] = []
+
+    def launch(run: object, *, run_dir: Path, timeout_s: float) -> object:
+        folders.append(run_dir)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(reference, "launch_trial", launch)
+    config = reference.configs("smoke", warmup=1, timed=2)[0]
+    args = reference.argparse.Namespace(runs_dir=tmp_path, cache=False, timeout=5.0)
+    for device in ("cuda:0", "cuda:1"):
+        with pytest.raises(RuntimeError, match="stop here"):
+            reference.measure(config, device=device, args=args)
+    assert len(set(folders)) == 2
+    assert all(f.parent == tmp_path and f.name.startswith(config["label"]) for f in folders)
