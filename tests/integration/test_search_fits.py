@@ -31,12 +31,13 @@ def test_limit_within_the_margin_of_the_fastest_trial_still_pins(tmp_path, monke
     # 143 MB: the unconstrained baseline (140.86 MB) is under the limit but not under it with
     # the 3 % margin (145.09 MB). Before, the search counted it as fitting, re-verified only it
     # (--top-k 1) and ended with exit 3; now it does not fit anywhere, and something else pins.
+    # Three trials, the opening's baselines: budget 0.5 and full block AC fit.
     monkeypatch.chdir(tmp_path)
     db = f"sqlite:///{tmp_path / 'bt.db'}"
     pin_path = tmp_path / "pin.json"
     result = runner.invoke(
         app,
-        ["search", "--max-mem", "143MB", "--trials", "4", "--storage", db, "--study", "m",
+        ["search", "--max-mem", "143MB", "--trials", "3", "--storage", db, "--study", "m",
          "--top-k", "1", "--reverify", "1", "--output", str(pin_path), *FAST],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
