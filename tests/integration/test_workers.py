@@ -117,7 +117,7 @@ def _frozen_trial_child(worker_pid: int, *, timeout_s: float) -> tuple[int, str]
     return None
 
 
-@pytest.mark.parametrize("backend, num_workers, target", [("postgres", 3, 6), ("sqlite", 2, 4)])
+@pytest.mark.parametrize("backend, num_workers, target", [("postgres", 3, 5), ("sqlite", 2, 4)])
 def test_workers_reach_the_target_exactly_and_a_killed_workers_trial_is_rerun(
     backend: str, num_workers: int, target: int, request, tmp_path: Path
 ) -> None:
