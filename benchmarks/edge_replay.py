@@ -20,7 +20,7 @@ import optuna
 
 from benchmarks.common import script_main
 from budgettune.errors import BudgettuneError
-from budgettune.search.edge import EDGE_MIN_TRIALS, _edge_strides
+from budgettune.search.edge import EDGE_MIN_TRIALS, edge_strides
 from budgettune.search.opening_plan import held, points_of, sampling_space
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import by_spec_of
@@ -44,7 +44,7 @@ def replay(study: optuna.Study) -> list[str]:
     ]
     for n, trial in enumerate(trials, start=1):
         points = points_of(trials[:n], search.mem_metric)
-        pairs = _edge_strides(search, points, by_spec_of(points), base, policies)
+        pairs = edge_strides(search, points, by_spec_of(points), base, policies)
         peak = trial.user_attrs.get("peak_device_bytes") or 0
         ms = trial.user_attrs.get("step_time_ms") or 0.0
         label = trial.user_attrs.get("baseline") or "sampled"

@@ -48,7 +48,7 @@ def _pair(strides: Sequence[int], policy: str, index: int) -> list[tuple[str, in
     return [(policy, strides[index]), *[(policy, s) for s in strides[index + 1 : index + 2]]]
 
 
-def _edge_strides(
+def edge_strides(
     search: SearchSpec,
     points: Sequence[Point],
     by_spec: Mapping[TrialSpec, Point],
@@ -116,7 +116,7 @@ def next_edge(
     edges busy, mapped to `EDGE_RESOLUTION` or stopped, the budget fixed or moving nothing
     (eager), or a study of fewer than `EDGE_MIN_TRIALS`.
 
-    Each edge (`_edge_strides`) is bisected on the budget on its own: the highest budget
+    Each edge (`edge_strides`) is bisected on the budget on its own: the highest budget
     measured to fit (else the searched range's low end) and the lowest measured over the limit
     or out of memory (else the range's high end) bound the next budget, their middle. Any other
     failure (a crash, a timeout, numerics off) stops that edge: a lower budget would not cure
@@ -135,7 +135,7 @@ def next_edge(
     if target < EDGE_MIN_TRIALS or "activation_memory_budget" in space.fixed:
         return None
     by_spec = by_spec_of(points)
-    for policy, stride in _edge_strides(search, points, by_spec, base, policies):
+    for policy, stride in edge_strides(search, points, by_spec, base, policies):
         top = structured_spec(base, policy, stride)
         low, high, broken = space.budget_low, space.budget_high, False
         running: list[float] = []
