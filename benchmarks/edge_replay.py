@@ -19,12 +19,14 @@ from collections.abc import Sequence
 import optuna
 
 from benchmarks.common import script_main
+from budgettune import storage
 from budgettune.errors import BudgettuneError
 from budgettune.search.edge import EDGE_MIN_TRIALS, edge_strides
 from budgettune.search.opening_plan import held, points_of, sampling_space
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import by_spec_of
 from budgettune.search.study import as_given
+from budgettune.storage.coordination import database_errors
 from budgettune.storage.user_attrs import SPEC_ATTR
 
 
@@ -62,12 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("studies", nargs="+", help="study names")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    for name in args.studies:
-        try:
-            study = optuna.load_study(study_name=name, storage=args.storage)
-        except KeyError as exc:
-            raise BudgettuneError(f"no study {name!r} in {args.storage}") from exc
-        print("\n".join(replay(study)))
+    # read-only, as `benchmarks.common.study_trials`: a mistyped SQLite path is not created
+    with storage.open_storage(args.storage, create=False) as store, database_errors(store.url):
+        for name in args.studies:
+            try:
+                study = optuna.load_study(study_name=name, storage=store.optuna_storage)
+            except KeyError as exc:
+                raise BudgettuneError(f"no study {name!r} in {store.display_url}") from exc
+            print("\n".join(replay(study)))
     return 0
 
 
