@@ -3,9 +3,10 @@ script, and the cells their tables have in common."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,6 +45,37 @@ def target_cell(max_slowdown: float | None, met: bool | None = None) -> str:
     return judged(f"<= {max_slowdown * 100:+.0f}%", met)
 
 
+@contextlib.contextmanager
+def kept_storage(url: str) -> Iterator[Any]:
+    """Open a kept study database to read it, whatever budgettune revision wrote it.
+
+    A committed SQLite file written at an older revision is upgraded in a temporary copy, so
+    reading the results never changes them; any other storage opens as it is.
+
+    Raises:
+        StorageError: no storage there (a missing SQLite file is not created), unreachable, or
+            of a revision this budgettune cannot read.
+    """
+    import shutil
+    import tempfile
+
+    from budgettune import storage
+    from budgettune.storage.engine import normalize_url, sqlite_file
+
+    path = sqlite_file(normalize_url(url))
+    current = path is None or not path.is_file()
+    if current or storage.current_revision(url) == storage.HEAD_REVISION:
+        with storage.open_storage(url, create=False) as store:
+            yield store
+        return
+    with tempfile.TemporaryDirectory(prefix="budgettune-kept-") as folder:
+        copy = Path(folder) / path.name
+        shutil.copyfile(path, copy)
+        storage.upgrade(str(copy))
+        with storage.open_storage(str(copy), create=False) as store:
+            yield store
+
+
 def study_trials(url: str, names: list[str] | None = None) -> dict[str, list[Any]]:
     """``{study: trials}`` of a budgettune storage (all studies, or ``names``), read-only.
 
@@ -52,11 +84,10 @@ def study_trials(url: str, names: list[str] | None = None) -> dict[str, list[Any
             a study of ``names`` that it does not hold (the message lists those it does).
     """
     # here, not at the top: report.py renders tables from files and needs no database stack
-    from budgettune import storage
     from budgettune.errors import StorageError
     from budgettune.storage.coordination import database_errors
 
-    with storage.open_storage(url, create=False) as store, database_errors(store.url):
+    with kept_storage(url) as store, database_errors(store.url):
         held = [s.study_name for s in store.optuna_storage.get_all_studies()]  # made first, first
         missing = [name for name in names or [] if name not in held]
         if missing:

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 
 import optuna
 
-from benchmarks.common import script_main
-from budgettune import storage
+from benchmarks.common import kept_storage, script_main
 from budgettune.errors import BudgettuneError
 from budgettune.search.edge import EDGE_MIN_TRIALS, edge_strides
 from budgettune.search.opening_plan import held, points_of, sampling_space
@@ -65,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # read-only, as `benchmarks.common.study_trials`: a mistyped SQLite path is not created
-    with storage.open_storage(args.storage, create=False) as store, database_errors(store.url):
+    with kept_storage(args.storage) as store, database_errors(store.url):
         for name in args.studies:
             try:
                 study = optuna.load_study(study_name=name, storage=store.optuna_storage)

@@ -35,7 +35,7 @@ from typing import Any
 
 import optuna
 
-from benchmarks.common import read_records, script_main, study_trials, target_cell
+from benchmarks.common import kept_storage, read_records, script_main, study_trials, target_cell
 from benchmarks.limits import (
     DEFAULT_BATCH,
     Limit,
@@ -46,7 +46,6 @@ from benchmarks.limits import (
     split_run,
 )
 from benchmarks.limits import study_name as study_name  # tuner_gpu.sh reads it from here
-from budgettune.storage import open_storage
 from budgettune.storage.trials import is_feasible
 from budgettune.trial.spec import TrialSpec
 
@@ -221,7 +220,7 @@ def wall_record(
 
 def _fresh_runs(url: str, study: str) -> int:
     """How many fresh re-measurements (``reverify``) the study holds."""
-    with open_storage(url, create=False) as store:
+    with kept_storage(url) as store:
         return len(store.measurements(study, kind="reverify"))
 
 

@@ -29,7 +29,7 @@ REV0001_DB = Path(__file__).parents[1] / "data" / "budgettune-rev0001.db"
 
 
 def test_head_revision_is_the_newest_script() -> None:
-    assert migrations.known_revisions() == [HEAD_REVISION, "0002", "0001"]
+    assert migrations.known_revisions() == [HEAD_REVISION, "0003", "0002", "0001"]
 
 
 def test_scripts_are_found_through_the_installed_package() -> None:
@@ -40,6 +40,7 @@ def test_scripts_are_found_through_the_installed_package() -> None:
         "0001_initial.py",
         "0002_pins_and_phases.py",
         "0003_host_figures.py",
+        "0004_process_phases.py",
     ]
 
 

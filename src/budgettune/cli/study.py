@@ -28,12 +28,31 @@ def show(
         str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    phases: Annotated[
+        bool,
+        typer.Option(
+            "--phases",
+            help="Show where the study's time went instead: every process it ran (trials, "
+            "re-verifications, verifies) by phase (start, imports, CUDA init, build, prepare, "
+            "compile, warm-up, GPU wait, measure, result, exit), with totals.",
+        ),
+    ] = False,
 ) -> None:
     """Show a study: every trial, the best feasible, the Pareto front and the current pin."""
     import dataclasses
 
     from budgettune.present.report import study_report
     from budgettune.present.tables import pin_table, study_tables
+
+    if phases:
+        from budgettune.present.phases import phase_table, study_phases
+
+        name, rows = study_phases(storage, study)
+        if as_json:
+            print_json({"study_name": name, "runs": [dataclasses.asdict(r) for r in rows]})
+        else:
+            stdout.print(phase_table(rows, title=f"where study {name}'s time went"))
+        return
 
     report = study_report(storage, study)
     if as_json:

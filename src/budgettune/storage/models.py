@@ -94,6 +94,8 @@ class MeasurementRow(Base):
     # revision 0003
     host_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     offload_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # revision 0004
+    phases_json: Mapped[str | None] = mapped_column(Text)
 
 
 class PinRow(Base):

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from budgettune.storage.models import MeasurementRow, WorkloadRow
+from budgettune.trial.phases import check_phases
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -106,6 +107,8 @@ class StoredMeasurement(StoredFigures):
     log_path: str = ""
     wall_s: float = 0.0
     """Wall time of the child process."""
+    phases_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of each phase of the process (`TrialResult.phases_s`; empty before 0004)."""
     workload_fingerprint: Mapping[str, Any] | None = None
     """The fingerprint of the recorded workload with this digest, if recorded."""
     created_at: datetime
@@ -148,6 +151,7 @@ class StoredMeasurement(StoredFigures):
             cuda_version=self.cuda_version,
             log_path=self.log_path,
             wall_s=self.wall_s,
+            phases_s=dict(self.phases_s),
             workload_fingerprint=(
                 None if self.workload_fingerprint is None else dict(self.workload_fingerprint)
             ),
@@ -163,6 +167,16 @@ def _read_outcome(row: MeasurementRow) -> TrialOutcome:
     ):
         return TrialOutcome.NON_FINITE
     return outcome
+
+
+def _phases(text: str | None) -> dict[str, float]:
+    """A row's phases; a column that is not phases JSON (written by hand) reads as none."""
+    if not text:
+        return {}
+    try:
+        return check_phases(json.loads(text))
+    except ValueError:  # json.JSONDecodeError is one
+        return {}
 
 
 def _int(value: int | None) -> int:
@@ -195,6 +209,7 @@ def measurement_columns(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
         "cuda_version": result.cuda_version,
         "log_path": result.log_path,
         "wall_s": float(result.wall_s),
+        "phases_json": dumps(dict(result.phases_s)) if result.phases_s else None,
     }
     figures = result.measurement
     if figures is not None:
@@ -262,6 +277,7 @@ def stored_measurement(
         cuda_version=row.cuda_version or "",
         log_path=row.log_path,
         wall_s=row.wall_s,
+        phases_s=_phases(row.phases_json),
         workload_fingerprint=None if workload is None else stored_workload(workload).fingerprint(),
         created_at=as_utc(row.created_at),
     )

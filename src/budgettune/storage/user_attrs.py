@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from budgettune.storage.records import StoredFigures
+from budgettune.trial.phases import check_phases
 from budgettune.trial.results import RankFigures, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -85,6 +86,16 @@ def _first_step(attrs: Mapping[str, Any], key: str) -> float | None:
         return None
     value = attrs[key]
     return float(value) if _finite(value) else math.nan
+
+
+def _phases(value: Any) -> dict[str, float]:
+    """Stored phases; anything that is not phases (written by hand) reads as none."""
+    if value is None:
+        return {}
+    try:
+        return check_phases(value)
+    except ValueError:
+        return {}
 
 
 def _optional_int(value: Any) -> int | None:
@@ -206,6 +217,9 @@ class TrialRecord(StoredFigures):
     """Sharded trials: the rank whose failure ended the trial."""
     ranks: tuple[RankRecord, ...] = ()
     """Sharded trials: each rank's figures, by rank."""
+    phases_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of each phase of the trial's process (`TrialResult.phases_s`; empty when the
+    trial was stored before phases were recorded)."""
 
     # -- reading ----------------------------------------------------------------------------
     @property
@@ -283,6 +297,7 @@ class TrialRecord(StoredFigures):
             model_changes=tuple(attrs.get("model_changes") or ()),
             failed_rank=_optional_int(attrs.get("failed_rank")),
             ranks=tuple(RankRecord.from_json_dict(r) for r in attrs.get("ranks") or ()),
+            phases_s=_phases(attrs.get("phases_s")),
             peak_allocated_bytes=_optional_int(attrs.get("peak_allocated_bytes")),
             peak_reserved_bytes=_optional_int(attrs.get("peak_reserved_bytes")),
             peak_device_bytes=_optional_int(attrs.get("peak_device_bytes")),
@@ -322,6 +337,7 @@ class TrialRecord(StoredFigures):
             ranks=tuple(RankRecord.from_rank(r) for r in result.ranks)
             if result.world_size > 1
             else (),
+            phases_s=dict(result.phases_s),
             **figures,
         )
 
@@ -355,6 +371,8 @@ class TrialRecord(StoredFigures):
         }
         if self.model_changes:
             attrs["model_changes"] = list(self.model_changes)
+        if self.phases_s:
+            attrs["phases_s"] = dict(self.phases_s)
         if self.world_size > 1:
             attrs["failed_rank"] = self.failed_rank
             attrs["ranks"] = [r.to_json_dict() for r in self.ranks]

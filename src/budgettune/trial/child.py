@@ -22,6 +22,7 @@ from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
 from budgettune.trial import measure, recompute
 from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
 from budgettune.trial.environment import prepare_process_environment
+from budgettune.trial.phases import PhaseClock, launched_at
 from budgettune.trial.results import (
     Measurement,
     TrialOutcome,
@@ -49,31 +50,50 @@ def _error(exc: BaseException) -> str:
     return one_line(exc, with_type=True)[:ERROR_CHARS]
 
 
-def run_trial(run: TrialRun) -> TrialResult:
+def import_compiler(run: TrialRun) -> None:
+    """Import torch and, when the spec compiles, its compiler (dynamo, inductor): what every
+    trial imports, as one phase (a trial server has them imported already)."""
+    import torch
+
+    if run.spec.compile_mode != "eager":
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+    del torch
+
+
+def run_trial(run: TrialRun, clock: PhaseClock | None = None) -> TrialResult:
     """Measure ``run`` in this process (the caller has prepared the environment).
 
     A run of several ranks (`TrialRun.nproc_per_node`) is one rank of a sharded trial: it
     joins the process group torchrun set up and measures its own figures.
 
+    Args:
+        run: what to measure.
+        clock: laps each phase (`budgettune.trial.phases`); a new one starting now if None.
+
     Returns:
         A `TrialResult` with outcome ``ok``, ``oom``, ``non_finite`` (both caught by type) or
-        ``crashed``.
+        ``crashed``; its ``phases_s`` as far as it got.
     """
-    started = time.perf_counter()
+    clock = clock or PhaseClock()
+    import_compiler(run)
     import torch
 
-    logger.info("torch imported in %.1f s", time.perf_counter() - started)
+    logger.info("torch and its compiler imported in %.1f s", clock.lap("imports"))
     info: RunInfo = {
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
         "device_name": platform.processor() or "cpu",
     }
     if run.nproc_per_node > 1:
-        return _run_rank(run, info)
-    return _measure(run, torch.device(run.device), None, info)
+        result = _run_rank(run, info, clock)
+    else:
+        result = _measure(run, torch.device(run.device), None, info, clock)
+    clock.lap("result")
+    return result.replace(phases_s=clock.seconds())
 
 
-def _run_rank(run: TrialRun, info: RunInfo) -> TrialResult:
+def _run_rank(run: TrialRun, info: RunInfo, clock: PhaseClock) -> TrialResult:
     """One rank: join the group, measure, tell a collective broken by a peer from a failure."""
     try:
         with process_group(run) as (device, mesh):
@@ -81,7 +101,8 @@ def _run_rank(run: TrialRun, info: RunInfo) -> TrialResult:
                 import torch
 
                 info["device_name"] = torch.cuda.get_device_name(device)
-            result = _measure(run, device, mesh, info)
+            clock.lap("cuda_init")
+            result = _measure(run, device, mesh, info, clock)
             if result.outcome is not TrialOutcome.OK:  # stamped before the group goes away
                 result = result.replace(failed_at_s=time.time())
             return result
@@ -117,7 +138,9 @@ def _is_collective_error(exc: BaseException) -> bool:
     return isinstance(exc, collective_errors())
 
 
-def _measure(run: TrialRun, device: Any, mesh: Any, info: RunInfo) -> TrialResult:
+def _measure(
+    run: TrialRun, device: Any, mesh: Any, info: RunInfo, clock: PhaseClock
+) -> TrialResult:
     import torch
 
     try:
@@ -131,16 +154,16 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: RunInfo) -> TrialResul
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(device)
+            torch.empty(0, device=device)  # the context, here: its cost is its own phase
             info["device_name"] = torch.cuda.get_device_name(device)
+            logger.info("CUDA context made in %.1f s", clock.lap("cuda_init"))
         elif device.type == "cpu":
             info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
         torch.manual_seed(run.spec.seed)
-        stage = time.perf_counter()
         try:
             workload = load_workload(run.workload, device, run.workload_options)
             workload_fingerprint = fingerprint(workload).to_json_dict()
-            logger.info("workload built in %.1f s", time.perf_counter() - stage)
-            stage = time.perf_counter()
+            logger.info("workload built in %.1f s", clock.lap("build"))
         except torch.cuda.OutOfMemoryError:
             raise  # a model too large for the device is an OOM, not a broken workload
         except Exception as exc:  # noqa: BLE001 - whatever the user's import or build raised
@@ -156,13 +179,14 @@ def _measure(run: TrialRun, device: Any, mesh: Any, info: RunInfo) -> TrialResul
             step = recompute.prepare(workload, run.spec, device)
         else:
             step = prepare_sharded(workload, run.spec, device, mesh)
-        logger.info("step prepared in %.1f s", time.perf_counter() - stage)
-        stage = time.perf_counter()
-        measurement: Measurement = measure.measure(step, run.spec)
+        logger.info("step prepared in %.1f s", clock.lap("prepare"))
+        measurement: Measurement = measure.measure(step, run.spec, clock)
         logger.info(
-            "measured in %.1f s (first step, compile included: %.1f s)",
-            time.perf_counter() - stage,
+            "measured (first step, compile included: %.1f s; other warm-up steps %.1f s; "
+            "memory and timed steps %.1f s)",
             measurement.compile_s,
+            clock.seconds().get("warmup", 0.0),
+            clock.seconds().get("measure", 0.0),
         )
         _log_compile_caches()
     except torch.cuda.OutOfMemoryError as exc:
@@ -201,10 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m budgettune.trial.child SPEC.json RESULT.json", file=sys.stderr)
         return 2
     spec_path, result_path = Path(args[0]), Path(args[1])
+    clock = PhaseClock(launched_at())
+    clock.lap("start")
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,  # a trial server's fork: the server's own handlers are not this trial's
     )
     try:
         run = TrialRun.from_json_dict(json.loads(spec_path.read_text()))
@@ -217,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     prepare_process_environment(run)  # before torch (and its inductor/CUDA config) is imported
     logger.info("measuring %s on %s: %s", run.workload, run.device, run.spec.to_json_dict())
-    result = run_trial(run)
+    result = run_trial(run, clock)
     logger.info("outcome %s %s", result.outcome.value, result.error)
     write_result_atomically(result_path, result)
     return 0

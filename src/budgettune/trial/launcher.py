@@ -25,6 +25,7 @@ from typing import IO
 from budgettune.errors import SpecError, TrialInfrastructureError
 from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
 from budgettune.trial.devices import visible_device_env
+from budgettune.trial.phases import LAUNCHED_AT_ENV, with_exit
 from budgettune.trial.processes import end_session, spawn, wait_unreaped
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
 from budgettune.trial.results import (
@@ -207,6 +208,7 @@ def _run_child(
             _log_line(log, f"waited {lock.waited_s:.1f} s for the CPU-trial lock {lock.path}")
         _log_line(log, f"starting {' '.join(command)}")
         started = time.monotonic()
+        env[LAUNCHED_AT_ENV] = repr(started)
         process: subprocess.Popen[bytes] | None = None
         returncode: int | None = None
         try:
@@ -224,7 +226,8 @@ def _run_child(
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
 
     def ended(result: TrialResult) -> TrialResult:
-        return result.replace(log_path=str(log_path), wall_s=wall_s)
+        phases = with_exit(result.phases_s, wall_s)
+        return result.replace(log_path=str(log_path), wall_s=wall_s, phases_s=phases)
 
     if returncode is None:
         return ended(

@@ -26,6 +26,7 @@ from budgettune.trial.results import PHASES, Measurement
 if TYPE_CHECKING:
     import torch
 
+    from budgettune.trial.phases import PhaseClock
     from budgettune.trial.recompute import PreparedStep
     from budgettune.trial.spec import TrialSpec
 
@@ -46,12 +47,13 @@ class FirstStep:
     """Global L2 norm of the first step's gradients (float64 accumulation)."""
 
 
-def measure(step: PreparedStep, spec: TrialSpec) -> Measurement:
+def measure(step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None) -> Measurement:
     """Run the recipe on the step's device.
 
     Args:
         step: a prepared step (`recompute.prepare`), not yet run.
         spec: its spec (warm-up and timed step counts).
+        clock: lapped at ``compile`` (the first step), ``warmup`` and ``measure``.
 
     Returns:
         The figures; all memory figures are absolute bytes.
@@ -60,8 +62,8 @@ def measure(step: PreparedStep, spec: TrialSpec) -> Measurement:
         torch.cuda.OutOfMemoryError: passed through.
     """
     if step.device.type == "cuda":
-        return measure_cuda(step, spec)
-    return measure_cpu(step, spec)
+        return measure_cuda(step, spec, clock)
+    return measure_cpu(step, spec, clock)
 
 
 # --------------------------------------------------------------------------- shared parts
@@ -101,7 +103,12 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def warm_up(step: PreparedStep, spec: TrialSpec) -> FirstStep:
+def _lap(clock: PhaseClock | None, phase: str) -> None:
+    if clock is not None:
+        clock.lap(phase)
+
+
+def warm_up(step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None) -> FirstStep:
     """Run ``spec.warmup_steps`` full steps; record the first one's time, loss and grad norm.
 
     Raises:
@@ -124,9 +131,11 @@ def warm_up(step: PreparedStep, spec: TrialSpec) -> FirstStep:
     step.optimizer_step()
     _synchronize(step.device)
     compile_s = time.perf_counter() - start
+    _lap(clock, "compile")
     for _ in range(spec.warmup_steps - 1):
         step.run_step()
     _synchronize(step.device)
+    _lap(clock, "warmup")
     return FirstStep(compile_s=compile_s, loss=first_loss, grad_norm=grad_norm)
 
 
@@ -244,9 +253,11 @@ def _measurement(
     )
 
 
-def measure_cpu(step: PreparedStep, spec: TrialSpec) -> Measurement:
+def measure_cpu(
+    step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None
+) -> Measurement:
     """The CPU recipe: profiler allocator events for memory, `perf_counter` for time."""
-    first = warm_up(step, spec)
+    first = warm_up(step, spec, clock)
     steady = steady_tensor_bytes(step)
     start_host_window(step)
     window = profile_cpu_step(step)
@@ -258,6 +269,7 @@ def measure_cpu(step: PreparedStep, spec: TrialSpec) -> Measurement:
         start = time.perf_counter()
         step.run_step()
         times_ms.append((time.perf_counter() - start) * 1e3)
+    _lap(clock, "measure")
     return _measurement(
         first,
         allocated=peak,
@@ -291,12 +303,14 @@ def non_pytorch_device_bytes(device: torch.device) -> int:
     return max(0, used - torch.cuda.memory_reserved(device))
 
 
-def measure_cuda(step: PreparedStep, spec: TrialSpec) -> Measurement:
+def measure_cuda(
+    step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None
+) -> Measurement:
     """The CUDA recipe: allocator peaks per phase, NVML for the rest, CUDA events for time."""
     import torch
 
     device = step.device
-    first = warm_up(step, spec)
+    first = warm_up(step, spec, clock)
     torch.cuda.synchronize(device)
     steady = torch.cuda.memory_allocated(device)
     non_pytorch = non_pytorch_device_bytes(device)
@@ -332,6 +346,7 @@ def measure_cuda(step: PreparedStep, spec: TrialSpec) -> Measurement:
             end.record()
             end.synchronize()
             times_ms.append(float(start.elapsed_time(end)))
+    _lap(clock, "measure")
     return _measurement(
         first,
         allocated=peak,

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from budgettune.trial.phases import merge_phases
 from budgettune.trial.results import (
     PHASES,
     Measurement,
@@ -117,6 +118,7 @@ def merge_rank_results(
             "cuda_version": first.cuda_version,
             "workload_fingerprint": first.workload_fingerprint,
             "model_changes": first.model_changes,  # every rank changes its model alike
+            "phases_s": merge_phases([r.phases_s for r in present if r is not None]),
         }
     common: dict[str, Any] = {"world_size": world, "ranks": ranks, **info}
     if all(f.outcome.is_feasible() and f.measurement is not None for f in ranks):

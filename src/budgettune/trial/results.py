@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import SpecError
+from budgettune.trial.phases import check_phases
 
 PHASES = ("forward", "backward", "optimizer")
 MEM_METRICS = ("device", "reserved", "allocated")
@@ -204,11 +205,16 @@ class TrialResult:
     ranks: tuple[RankFigures, ...] = ()
     """Every rank's outcome and figures (sharded trials); the `measurement` is their merge:
     the largest peaks and the slowest step time."""
+    phases_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds of each phase of the process (`budgettune.trial.phases.PHASES`: start, imports,
+    CUDA init, build, prepare, compile, warm-up, GPU wait, measure, result, exit), as far as
+    it got; they add up to ``wall_s``. A sharded trial's are each phase's slowest rank."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", TrialOutcome(self.outcome))
         object.__setattr__(self, "model_changes", tuple(self.model_changes))
         object.__setattr__(self, "ranks", tuple(self.ranks))
+        object.__setattr__(self, "phases_s", check_phases(self.phases_s))
         if self.outcome.is_measured() and self.measurement is None:
             raise SpecError(f"a {self.outcome.value} result needs a measurement")
 
@@ -232,6 +238,7 @@ class TrialResult:
             "failed_rank": self.failed_rank,
             "failed_at_s": self.failed_at_s,
             "ranks": [r.to_json_dict() for r in self.ranks],
+            "phases_s": dict(self.phases_s),
         }
 
     @classmethod
@@ -242,6 +249,7 @@ class TrialResult:
             values["measurement"] = Measurement.from_json_dict(values["measurement"])
         values["outcome"] = TrialOutcome(values["outcome"])
         values["ranks"] = tuple(RankFigures.from_json_dict(r) for r in values.get("ranks", ()))
+        values["phases_s"] = dict(values.get("phases_s") or {})
         return cls(**values)
 
     def replace(self, **changes: Any) -> TrialResult:

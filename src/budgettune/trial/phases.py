@@ -1,0 +1,126 @@
+"""Where a trial process's wall time goes: its phases, from the launcher's start to its end.
+
+The launcher stamps the moment it starts a child (`LAUNCHED_AT_ENV`, a `time.monotonic`
+reading: on Linux one clock for every process of the host); the child laps a `PhaseClock`
+at each stage, and the launcher adds ``exit`` (from the result written to the child's end).
+The phases of a result add up to its ``wall_s``. They say what a search pays besides the
+measurement itself (issue 44: a fresh process cost 40-85 s for ~0.5 s of timed steps).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+LAUNCHED_AT_ENV = "BUDGETTUNE_LAUNCHED_AT"
+"""The launcher's `time.monotonic` when it started the child (or asked its server to fork it)."""
+
+PHASES = (
+    "start",
+    "imports",
+    "cuda_init",
+    "build",
+    "prepare",
+    "compile",
+    "warmup",
+    "gpu_wait",
+    "measure",
+    "result",
+    "exit",
+)
+"""The phases, in order:
+
+- ``start``: from the launcher's start of the child to the child's first line (the interpreter
+  starting and importing budgettune; a fork of a trial server makes it milliseconds);
+- ``imports``: torch and its compiler (dynamo, inductor) imported (nothing when pre-imported);
+- ``cuda_init``: the CUDA context made on the trial's GPU (0 on the CPU);
+- ``build``: the workload's builder;
+- ``prepare``: the knobs applied, the step wrapped for compile;
+- ``compile``: the first step, compilation included (`Measurement.compile_s`);
+- ``warmup``: the other warm-up steps;
+- ``gpu_wait``: waiting for a GPU shared with other trials to be free (its runs only);
+- ``measure``: the memory-measured step and the timed steps;
+- ``result``: the result put together (the compile caches' counters logged);
+- ``exit``: from then to the child's end, as the launcher saw it (the result file written,
+  the process gone).
+"""
+
+
+def launched_at() -> float | None:
+    """The launcher's start of this child (`LAUNCHED_AT_ENV`), None when not set or unreadable."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+class PhaseClock:
+    """Laps of one process: each `lap` closes the phase that ran since the previous lap."""
+
+    def __init__(self, origin: float | None = None) -> None:
+        """Start the clock at ``origin`` (a `time.monotonic` reading; default: now)."""
+        self._last = time.monotonic() if origin is None else origin
+        self._seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> float:
+        """Close ``phase`` now (adding to it, when it ran before); returns its seconds."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+        now = time.monotonic()
+        elapsed = max(0.0, now - self._last)
+        self._last = now
+        self._seconds[phase] = self._seconds.get(phase, 0.0) + elapsed
+        return elapsed
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` of the time since the last lap as ``phase`` (the next lap of
+        another phase gets the rest): e.g. GPU waits inside the compile."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+        self._seconds[phase] = self._seconds.get(phase, 0.0) + seconds
+        self._last += seconds
+
+    def seconds(self) -> dict[str, float]:
+        """Every phase lapped so far, in `PHASES` order, rounded to milliseconds."""
+        return {p: round(self._seconds[p], 3) for p in PHASES if p in self._seconds}
+
+
+def with_exit(phases: Mapping[str, float], wall_s: float) -> dict[str, float]:
+    """``phases`` with ``exit``: what of ``wall_s`` the child's own phases do not cover."""
+    out = {p: float(v) for p, v in phases.items() if p != "exit"}
+    if out:
+        out["exit"] = round(max(0.0, wall_s - sum(out.values())), 3)
+    return out
+
+
+def merge_phases(per_rank: list[Mapping[str, float]]) -> dict[str, float]:
+    """A sharded trial's phases: each phase's longest rank (the trial waits for the slowest)."""
+    merged: dict[str, float] = {}
+    for phases in per_rank:
+        for phase, seconds in phases.items():
+            merged[phase] = max(merged.get(phase, 0.0), float(seconds))
+    return {p: merged[p] for p in PHASES if p in merged}
+
+
+def check_phases(phases: Mapping[str, object]) -> dict[str, float]:
+    """Phases read from a file or a database: known names, finite non-negative seconds.
+
+    Raises:
+        ValueError: an unknown phase or a value that is not such a number.
+    """
+    import math
+
+    if not isinstance(phases, Mapping):
+        raise ValueError(f"phases must be a mapping of phase to seconds, got {phases!r}")
+    out: dict[str, float] = {}
+    for phase, value in phases.items():
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"phase {phase!r} is not a number of seconds: {value!r}")
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"phase {phase!r} is not a number of seconds: {value!r}")
+        out[phase] = seconds
+    return out
