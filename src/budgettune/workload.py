@@ -278,6 +278,30 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
+def preload_modules(ref: str) -> tuple[str, ...]:
+    """The modules a trial of workload ``ref`` imports that a trial server may import ahead:
+    budgettune's own builders and, for ``hf:``, transformers and the model type's modeling
+    module (none for a user's file or module: its import is the user's code, run in the
+    trial). An unparsable reference has none (the trial reports it)."""
+    try:
+        parsed = _reference(ref)
+    except WorkloadError:
+        return ()
+    if parsed.kind == "builtin":
+        try:
+            return (builtin_workload(parsed.location).target.partition(":")[0],)
+        except WorkloadError:
+            return ()
+    if parsed.kind != "hf" or importlib.util.find_spec("transformers") is None:
+        return ()
+    modules = ["transformers", "transformers.modeling_utils", _HF_TARGET.partition(":")[0]]
+    model_type = parsed.location
+    if re.fullmatch(r"[a-z0-9_-]+", model_type) and not Path(model_type).exists():
+        name = model_type.replace("-", "_")
+        modules.append(f"transformers.models.{name}.modeling_{name}")
+    return tuple(modules)
+
+
 def _resolve(ref: str, parsed: _Reference) -> Callable[..., Any]:
     if parsed.kind in ("builtin", "hf"):
         target = _HF_TARGET if parsed.kind == "hf" else builtin_workload(parsed.location).target

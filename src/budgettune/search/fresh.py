@@ -22,6 +22,7 @@ from pathlib import Path
 from budgettune.storage import Storage
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialResult
+from budgettune.trial.servers import TrialServers
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun
 
@@ -120,11 +121,11 @@ def run_batch(
     return [[r for r in rs if r is not None] for rs in results]
 
 
-def launcher(timeout_s: float) -> Launch:
-    """`launch_trial` with the search's timeout."""
+def launcher(timeout_s: float, servers: TrialServers | None = None) -> Launch:
+    """`launch_trial` with the search's timeout and trial servers."""
 
     def launch(run: TrialRun, run_dir: Path) -> TrialResult:
-        return launch_trial(run, run_dir=run_dir, timeout_s=timeout_s)
+        return launch_trial(run, run_dir=run_dir, timeout_s=timeout_s, servers=servers)
 
     return launch
 

@@ -57,24 +57,24 @@ def run_search(
     # re-measurements spread over the same device slots as the workers: one GPU, or one
     # group of --nproc-per-node GPUs, per fresh run
     devices = [group_device(group) for group in gpu_groups(gpus, search.nproc_per_node)]
-    searcher = Searcher(search, store, observer, devices=devices)
-    if search.num_trials == 0:
-        # only re-verify and pin: no trial here, no worker, not even one re-queued from a
-        # process that died, and the study's target as it was (other workers may be on it)
-        searcher.observer.started(search.study_name, 0)
-        trials_run = 0
-    elif gpus:
-        searcher.observer.started(search.study_name, search.num_trials)
-        trials_run = run_gpu_workers(
-            searcher, gpus, search=search, storage_url=store.url, observer=searcher.observer
-        )
-    else:
-        searcher.observer.started(search.study_name, search.num_trials)
-        searcher.run_trials()
-        trials_run = searcher.done
-    with database_errors(store.url):
-        pin = searcher.pin()
-    searcher.publish()
+    with Searcher(search, store, observer, devices=devices) as searcher:
+        if search.num_trials == 0:
+            # only re-verify and pin: no trial here, no worker, not even one re-queued from a
+            # process that died, and the study's target as it was (other workers may be on it)
+            searcher.observer.started(search.study_name, 0)
+            trials_run = 0
+        elif gpus:
+            searcher.observer.started(search.study_name, search.num_trials)
+            trials_run = run_gpu_workers(
+                searcher, gpus, search=search, storage_url=store.url, observer=searcher.observer
+            )
+        else:
+            searcher.observer.started(search.study_name, search.num_trials)
+            searcher.run_trials()
+            trials_run = searcher.done
+        with database_errors(store.url):
+            pin = searcher.pin()
+        searcher.publish()
     return SearchOutcome(
         study_name=search.study_name,
         storage_url=store.display_url,

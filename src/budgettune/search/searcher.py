@@ -14,6 +14,7 @@ retry does): it excludes nothing. It never prints: progress goes to a callback t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -69,7 +70,7 @@ from budgettune.storage.user_attrs import (
     TrialRecord,
     result_attrs,
 )
-from budgettune.trial.launcher import launch_trial
+from budgettune.trial.launcher import launch_trial, trial_servers, warm_server
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes
@@ -118,6 +119,8 @@ class Searcher:
         self.running_trial: int | None = None
         """The number of the trial this process is running, while it runs."""
         self.devices = tuple(devices)
+        self.servers = trial_servers(search.trial_run(search.base), self.runs_dir / "servers")
+        """Pre-imported trial servers the trials and fresh runs of this process fork from."""
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
         try:
@@ -173,6 +176,7 @@ class Searcher:
                 self.search.trial_run(spec),
                 run_dir=self.runs_dir / f"trial-{trial.number:04d}",
                 timeout_s=self.search.trial_timeout_s,
+                servers=self.servers,
             )
         except TrialInfrastructureError as exc:
             trial.set_user_attr(ERROR_ATTR, str(exc))  # what `show` says of the failed trial
@@ -287,6 +291,7 @@ class Searcher:
             StorageError: the database went away (finished trials stay stored).
         """
         self.check_steady()
+        warm_server(self.servers, self.search.trial_run(self.search.base))
         while max_trials is None or self.done < max_trials:
             self.claim.acquire()
             try:
@@ -367,18 +372,32 @@ class Searcher:
             self._store(job.number, "reverify", job.spec, result)
             return result
 
+        run = self.search.trial_run(self.search.base)
+        for device in self.devices or (run.device,):  # servers import while the runs start
+            warm_server(self.servers, dataclasses.replace(run, device=device))
         fresh = run_batch(
             jobs,
             runs=[max(0, wanted - len(old)) for old in kept],
             make_run=self.search.trial_run,
             runs_dir=self.runs_dir,
             devices=self.devices,
-            launch=launcher(self.search.trial_timeout_s),
+            launch=launcher(self.search.trial_timeout_s, self.servers),
             on_phase=self.on_phase,
             finish=finish,
             first_repeat=[len(old) for old in kept],
         )
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
+
+    def close(self) -> None:
+        """Stop this process's trial servers (the study and its storage stay as they are)."""
+        if self.servers is not None:
+            self.servers.close()
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def pin(self) -> dict[str, Any]:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`): its JSON."""

@@ -16,7 +16,7 @@ from typing import Any
 from budgettune.errors import PinNoLongerFitsError, WorkloadMismatchError
 from budgettune.pinning import PinnedConfig, load_pinned
 from budgettune.trial.devices import check_device_available
-from budgettune.trial.launcher import launch_trial
+from budgettune.trial.launcher import launch_trial, trial_servers
 from budgettune.trial.results import TrialResult
 from budgettune.trial.trial_run import TrialRun
 from budgettune.units import format_bytes
@@ -139,17 +139,25 @@ def verify_pin(
         on_start(f"verify: importing the workload {reference_origin(reference)}, as {path} says")
     results = []
     mismatch = ""
-    for index in range(runs):
-        result = launch_trial(run, run_dir=run_dir / f"run-{index}", timeout_s=timeout_s)
-        results.append(result)
-        if on_run is not None:
-            on_run(index, result)
-        mismatch = mismatch or workload_mismatch(pinned, result)
-        if mismatch and not allow_other_workload:
-            raise WorkloadMismatchError(
-                f"{path}: {reference} is not the workload this pin was measured on: {mismatch}; "
-                f"pass {ALLOW_OTHER_WORKLOAD_FLAG} to verify it anyway (log {result.log_path})"
+    servers = trial_servers(run, run_dir / "servers") if runs > 1 else None
+    try:
+        for index in range(runs):
+            result = launch_trial(
+                run, run_dir=run_dir / f"run-{index}", timeout_s=timeout_s, servers=servers
             )
+            results.append(result)
+            if on_run is not None:
+                on_run(index, result)
+            mismatch = mismatch or workload_mismatch(pinned, result)
+            if mismatch and not allow_other_workload:
+                raise WorkloadMismatchError(
+                    f"{path}: {reference} is not the workload this pin was measured on: "
+                    f"{mismatch}; pass {ALLOW_OTHER_WORKLOAD_FLAG} to verify it anyway (log "
+                    f"{result.log_path})"
+                )
+    finally:
+        if servers is not None:
+            servers.close()
     return VerifyReport(
         path=str(path),
         limit_bytes=pin.limit_bytes,

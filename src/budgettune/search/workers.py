@@ -160,13 +160,13 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
     search = SearchSpec.from_json_dict(stored, **overrides)
     check_reference(search.workload)
     check_device_available(search.device)
-    searcher = Searcher(search, store, observer, add_trials=False)
-    with database_errors(store.url):
-        start = searcher.count()
-    searcher.observer.started(job.study_name, max(start.target - start.finished, 0))
-    searcher.run_trials(max_trials=job.max_trials)
-    with database_errors(store.url):
-        end = searcher.count()
+    with Searcher(search, store, observer, add_trials=False) as searcher:
+        with database_errors(store.url):
+            start = searcher.count()
+        searcher.observer.started(job.study_name, max(start.target - start.finished, 0))
+        searcher.run_trials(max_trials=job.max_trials)
+        with database_errors(store.url):
+            end = searcher.count()
     return WorkerOutcome(
         study_name=job.study_name,
         storage_url=store.display_url,

@@ -9,6 +9,15 @@ import tempfile
 from budgettune.trial.allocator import apply_allocator_settings
 from budgettune.trial.trial_run import TrialRun
 
+CACHES_OFF_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+"""What turns inductor's FX-graph and AOTAutograd caches off: read when torch is imported."""
+
+
+def import_time_env(run: TrialRun) -> dict[str, str]:
+    """What `prepare_process_environment` sets that torch reads when it is imported (a trial
+    server must be started with it: `budgettune.trial.servers`)."""
+    return dict(CACHES_OFF_ENV) if run.cache_dir() is None else {}
+
 
 def prepare_process_environment(run: TrialRun) -> None:
     """Set the environment a trial child needs; call before torch is imported.
@@ -29,8 +38,7 @@ def prepare_process_environment(run: TrialRun) -> None:
     apply_allocator_settings(spec.cuda_alloc_conf)  # torch is not imported yet: the variable
     cache_dir = run.cache_dir()
     if cache_dir is None or run.cache_root is None:
-        os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-        os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+        os.environ.update(CACHES_OFF_ENV)
         cache_dir = tempfile.mkdtemp(prefix="budgettune-inductor-")
         triton_dir = os.path.join(cache_dir, "triton")
     else:

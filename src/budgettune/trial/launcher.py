@@ -25,8 +25,10 @@ from typing import IO
 from budgettune.errors import SpecError, TrialInfrastructureError
 from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
 from budgettune.trial.devices import visible_device_env
+from budgettune.trial.environment import import_time_env
+from budgettune.trial.forkserver import BAD_FORK_EXIT
 from budgettune.trial.phases import LAUNCHED_AT_ENV, with_exit
-from budgettune.trial.processes import end_session, spawn, wait_unreaped
+from budgettune.trial.processes import spawn
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
 from budgettune.trial.results import (
     TrialOutcome,
@@ -35,8 +37,10 @@ from budgettune.trial.results import (
     read_result,
     write_result_atomically,
 )
+from budgettune.trial.servers import ChildProcess, ServedChild, SpawnedChild, TrialServers
 from budgettune.trial.torchrun import torchrun_command
 from budgettune.trial.trial_run import DEFAULT_TRIAL_TIMEOUT_S, TrialRun
+from budgettune.workload import preload_modules
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ def launch_trial(
     run_dir: str | os.PathLike[str],
     timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     extra_env: Mapping[str, str] | None = None,
+    servers: TrialServers | None = None,
 ) -> TrialResult:
     """Measure one configuration in a fresh child process.
 
@@ -108,6 +113,9 @@ def launch_trial(
             A CPU trial waits at most as long for the host's CPU-trial lock (`cpu_trial_lock`),
             then ends as ``timeout`` without starting.
         extra_env: environment variables added for the child.
+        servers: trial servers to fork the child from (a one-rank trial only): it starts with
+            torch and its compiler imported (`budgettune.trial.forkserver`). None, or a pool
+            that cannot serve: the child is a new process.
 
     Returns:
         The child's `TrialResult`, or one the parent made for a timeout or a child that died
@@ -124,7 +132,9 @@ def launch_trial(
     try:
         if cache_dir is not None:  # made here, so a cache that cannot be made is no crash
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        result = _run_child(run, folder, timeout_s=timeout_s, extra_env=extra_env)
+        result = _run_child(
+            run, folder, timeout_s=timeout_s, extra_env=extra_env, servers=servers
+        )
     except OSError as exc:
         raise TrialInfrastructureError(_fault_line(exc, exc.filename or folder)) from exc
     if result.outcome is TrialOutcome.CRASHED:
@@ -168,6 +178,7 @@ def _run_child(
     *,
     timeout_s: float,
     extra_env: Mapping[str, str] | None,
+    servers: TrialServers | None = None,
 ) -> TrialResult:
     """`launch_trial` without the folder checks (an `OSError` here is the folder's or the
     host's, not the configuration's)."""
@@ -184,10 +195,7 @@ def _run_child(
     child_run = dataclasses.replace(run, device=child_device)
     spec_path.write_text(json.dumps(child_run.to_json_dict(), indent=2, sort_keys=True) + "\n")
 
-    env = dict(os.environ)
-    env.update(device_env)
-    env.update(extra_env or {})
-    env["PYTHONUNBUFFERED"] = "1"
+    env = child_env(run, device_env, extra_env)
     command = [sys.executable, "-m", "budgettune.trial.child", str(spec_path), str(result_path)]
     if run.nproc_per_node > 1:
         command = torchrun_command(spec_path, result_path, run.nproc_per_node)
@@ -209,26 +217,32 @@ def _run_child(
         _log_line(log, f"starting {' '.join(command)}")
         started = time.monotonic()
         env[LAUNCHED_AT_ENV] = repr(started)
-        process: subprocess.Popen[bytes] | None = None
+        process: ChildProcess | None = None
         returncode: int | None = None
         try:
-            process = spawn(command, output=log, env=env, new_session=True)
-            if wait_unreaped(process, timeout_s):
+            process = _start(run, command, log, log_path, env, servers)
+            if process.wait_unreaped(timeout_s):
                 # its compile workers, when it left without stopping them (`processes`)
-                returncode = end_session(process)
+                returncode = process.end_session()
             else:  # timed out: the whole session goes
-                end_session(process, timeout_s=30)
+                process.end_session(timeout_s=30)
         except BaseException:
             if process is not None:
-                end_session(process, timeout_s=30)
+                process.end_session(timeout_s=30)
             raise
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
+    lost = process.lost if isinstance(process, ServedChild) else ""
+    if returncode == BAD_FORK_EXIT and isinstance(process, ServedChild) and servers:
+        servers.disable("CUDA could not start in a trial server's fork")
+        return _run_child(run, folder, timeout_s=timeout_s, extra_env=extra_env)
 
     def ended(result: TrialResult) -> TrialResult:
         phases = with_exit(result.phases_s, wall_s)
         return result.replace(log_path=str(log_path), wall_s=wall_s, phases_s=phases)
 
+    if returncode is None and lost:
+        return ended(TrialResult(outcome=TrialOutcome.CRASHED, error=lost))
     if returncode is None:
         return ended(
             TrialResult(
@@ -248,6 +262,63 @@ def _run_child(
     except (OSError, ValueError):
         error = death_message(returncode, who="trial process")
         return ended(TrialResult(outcome=TrialOutcome.CRASHED, error=error))
+
+
+TRIAL_SERVER_ENV = "BUDGETTUNE_TRIAL_SERVER"
+"""Set to ``0`` to start every trial as a new process (no trial servers): for a before/after
+comparison, or to rule the servers out when a trial misbehaves."""
+
+
+def trial_servers(run: TrialRun, log_dir: str | os.PathLike[str]) -> TrialServers | None:
+    """Trial servers for the one-rank trials of a search or a verify of ``run``'s workload
+    (none started yet: `warm_server`, or the first trial, starts one); None for sharded
+    trials or when `TRIAL_SERVER_ENV` is ``0``. The caller closes them."""
+    if run.nproc_per_node > 1 or os.environ.get(TRIAL_SERVER_ENV, "1") == "0":
+        return None
+    return TrialServers(preload=preload_modules(run.workload), log_dir=log_dir)
+
+
+def warm_server(servers: TrialServers | None, run: TrialRun) -> None:
+    """Start a server for ``run``'s environment now, if the pool has none (it imports while
+    the caller goes on)."""
+    if servers is None or run.nproc_per_node > 1:
+        return
+    _, device_env = visible_device_env(run.device)
+    servers.warm(child_env(run, device_env, None))
+
+
+def child_env(
+    run: TrialRun, device_env: Mapping[str, str], extra_env: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The environment a trial child starts with (what the child's own
+    `prepare_process_environment` adds before torch is imported included, when it is read at
+    torch's import: the compile caches turned off)."""
+    env = dict(os.environ)
+    env.update(device_env)
+    env.update(extra_env or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(import_time_env(run))
+    return env
+
+
+def _start(
+    run: TrialRun,
+    command: list[str],
+    log: IO[bytes],
+    log_path: Path,
+    env: Mapping[str, str],
+    servers: TrialServers | None,
+) -> ChildProcess:
+    """The child: forked by a trial server when one can serve it, else a new process."""
+    if servers is not None and run.nproc_per_node == 1:
+        spec_path, result_path = Path(command[-2]), Path(command[-1])
+        served = servers.start_child(
+            spec_path=spec_path, result_path=result_path, log_path=log_path, env=env
+        )
+        if served is not None:
+            _log_line(log, f"forked by trial server {served.server.process.pid} as {served.pid}")
+            return served
+    return SpawnedChild(spawn(command, output=log, env=env, new_session=True))
 
 
 def _log_line(log: IO[bytes], text: str) -> None:
