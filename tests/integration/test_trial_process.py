@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from budgettune.trial.launcher import launch_trial
+from budgettune.trial.phases import PHASES
 from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun
@@ -39,15 +40,23 @@ def test_tiny_gpt_trial_is_ok_and_measured(tmp_path: Path) -> None:
     log = Path(result.log_path).read_text()
     stages = [
         "launcher: starting",
-        "torch imported in",
+        "torch and its compiler imported in",
         "workload built in",
         "step prepared in",
-        "measured in",
+        "measured (first step",
         "outcome ok",
         "the child ended (0) after",
     ]
     positions = [log.find(stage) for stage in stages]
     assert -1 not in positions and positions == sorted(positions), log
+    # ... and so do the result's phases, which add up to its wall time
+    phases = result.phases_s
+    assert list(phases) == [p for p in PHASES if p in phases]
+    assert {"start", "imports", "build", "prepare", "compile", "measure", "exit"} <= set(phases)
+    assert "cuda_init" not in phases and "gpu_wait" not in phases  # a CPU trial
+    assert phases["compile"] == pytest.approx(m.compile_s, abs=0.05)
+    assert sum(phases.values()) == pytest.approx(result.wall_s, abs=0.01)
+    assert written["phases_s"] == {k: v for k, v in phases.items() if k != "exit"}
 
 
 def test_helper_processes_the_trial_left_behind_are_ended(tmp_path: Path) -> None:
@@ -118,6 +127,7 @@ def test_parent_never_imports_torch(tmp_path: Path) -> None:
     code = f"""
 import sys
 from budgettune.trial.launcher import launch_trial
+from budgettune.trial.phases import PHASES
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun
 import budgettune.cli, budgettune.workload, budgettune.trial.results

@@ -111,7 +111,7 @@ def test_allow_other_workload_measures_every_run_and_says_how_it_differs(
     launched: list[Path] = []
     other = {**pinned_fingerprint, "param_count": 1234567, "digest": "0f1e2d"}
 
-    def launch(run: Any, *, run_dir: Path, timeout_s: float) -> TrialResult:
+    def launch(run: Any, *, run_dir: Path, timeout_s: float, servers: Any = None) -> TrialResult:
         launched.append(run_dir)
         return TrialResult(
             outcome=TrialOutcome.OK, measurement=MEASURED, workload_fingerprint=other

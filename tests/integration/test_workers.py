@@ -85,16 +85,22 @@ def _worker(url: str, cwd: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _trial_child(worker_pid: int) -> tuple[int, str] | None:
-    """The running trial process of a worker: (pid, its command line)."""
-    out = subprocess.run(
-        ["pgrep", "-a", "-P", str(worker_pid), "-f", "budgettune.trial.child"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    if not out:
+    """The running trial process of a worker (its child, or its trial server's):
+    (pid, its command line)."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(worker_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
         return None
-    pid, _, command = out.splitlines()[0].partition(" ")
-    return int(pid), command
+    for process in descendants:
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        if "budgettune.trial.child" in command:
+            return process.pid, command
+    return None
 
 
 def _frozen_trial_child(worker_pid: int, *, timeout_s: float) -> tuple[int, str] | None:

@@ -50,7 +50,7 @@ class _Launches:
         self.faults = list(faults)
         self.specs: list[TrialSpec] = []
 
-    def __call__(self, run, *, run_dir, timeout_s) -> TrialResult:
+    def __call__(self, run, *, run_dir, timeout_s, servers=None) -> TrialResult:
         self.specs.append(run.spec)
         fault = self.faults.pop(0) if self.faults else None
         if fault is not None:

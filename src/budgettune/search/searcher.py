@@ -29,7 +29,6 @@ from budgettune import storage as storage_mod
 from budgettune.errors import (
     BudgettuneError,
     TrialInfrastructureError,
-    UsageError,
     WorkloadFailedError,
 )
 from budgettune.pinning import measured_violation_bytes
@@ -47,6 +46,7 @@ from budgettune.search.pin import pin_study
 from budgettune.search.publish import refresh_views
 from budgettune.search.space import suggest_spec
 from budgettune.search.spec import SearchSpec
+from budgettune.search.steady import check_steady, steady_error
 from budgettune.search.study import (
     HIGH_BUDGET,
     SearchObserver,
@@ -67,13 +67,11 @@ from budgettune.storage.user_attrs import (
     ERROR_ATTR,
     TARGET_ATTR,
     WORKER_ATTR,
-    TrialRecord,
     result_attrs,
 )
 from budgettune.trial.launcher import launch_trial, trial_servers, warm_server
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
-from budgettune.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +234,7 @@ class Searcher:
     def _below_steady(self, result: TrialResult) -> bool:
         """A limit under params + grads + optimizer state: stop the study, keep the trial."""
         assert result.measurement is not None
-        error = _steady_error(self.search.max_mem_bytes, result.measurement.steady_bytes)
+        error = steady_error(self.search.max_mem_bytes, result.measurement.steady_bytes)
         if error is not None:
             self.abort = error
         return error is not None
@@ -347,11 +345,7 @@ class Searcher:
 
     def check_steady(self) -> None:
         """Refuse a limit below the steady memory some earlier trial measured."""
-        for trial in self.study.get_trials(deepcopy=False):
-            steady = TrialRecord.from_attrs(trial.user_attrs).steady_bytes
-            error = _steady_error(self.search.max_mem_bytes, steady, trial=trial.number)
-            if error is not None:
-                raise error
+        check_steady(self.study, self.search.max_mem_bytes)
 
     def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
         """Measure each job ``--reverify`` times in fresh processes (over every device of
@@ -402,18 +396,3 @@ class Searcher:
     def pin(self) -> dict[str, Any]:
         """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`): its JSON."""
         return pin_study(self).to_json_dict()
-
-
-def _steady_error(
-    limit: int, steady: int | None, *, trial: int | None = None
-) -> UsageError | None:
-    """The error for a limit under the workload's steady memory (parameters + gradients +
-    optimizer state, which no recompute setting changes); None when the limit is above it."""
-    if steady is None or steady < limit:
-        return None
-    where = "" if trial is None else f", measured in trial {trial}"
-    return UsageError(
-        f"--max-mem {format_bytes(limit)} is below the workload's steady memory "
-        f"{format_bytes(steady)} (parameters + gradients + optimizer state{where}): no "
-        "recompute setting can fit; raise the limit"
-    )

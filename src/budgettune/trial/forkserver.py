@@ -53,6 +53,7 @@ COMPILER_MODULES = (
     "budgettune.trial.block_ac",
     "budgettune.trial.offload",
     "budgettune.workload",
+    "setproctitle",
 )
 """What every served trial starts with (each one a trial would import anyway)."""
 
@@ -110,6 +111,9 @@ def _become_trial(request: Mapping[str, Any], server_pid: int) -> NoReturn:
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
+        argv = [request["spec"], request["result"]]
+        # before the environment is replaced: setproctitle writes over argv and environ's space
+        _set_title(" ".join([sys.executable, "-m", "budgettune.trial.child", *argv]))
         os.environ.clear()
         os.environ.update(request["env"])
         torch = sys.modules.get("torch")
@@ -118,7 +122,8 @@ def _become_trial(request: Mapping[str, Any], server_pid: int) -> NoReturn:
             os._exit(BAD_FORK_EXIT)
         from budgettune.trial import child
 
-        code = child.main([request["spec"], request["result"]])
+        sys.argv = [child.__file__, *argv]  # as `python -m budgettune.trial.child` has it
+        code = child.main(argv)
     except BaseException:  # noqa: BLE001 - whatever happens, this process must not go on
         import traceback
 
@@ -130,6 +135,16 @@ def _become_trial(request: Mapping[str, Any], server_pid: int) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _set_title(title: str) -> None:
+    """Show the fork as what it is in ``ps`` and ``pgrep -f``: the trial child's command line
+    (setproctitle; without it the fork shows the server's)."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
 
 
 def _serve_one(request: Mapping[str, Any], server_pid: int) -> bool:

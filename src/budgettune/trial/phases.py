@@ -104,7 +104,8 @@ def merge_phases(per_rank: list[Mapping[str, float]]) -> dict[str, float]:
 
 
 def check_phases(phases: Mapping[str, object]) -> dict[str, float]:
-    """Phases read from a file or a database: known names, finite non-negative seconds.
+    """Phases read from a file or a database: known names, finite non-negative seconds, in
+    `PHASES` order (JSON files are written with sorted keys).
 
     Raises:
         ValueError: an unknown phase or a value that is not such a number.
@@ -123,4 +124,4 @@ def check_phases(phases: Mapping[str, object]) -> dict[str, float]:
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"phase {phase!r} is not a number of seconds: {value!r}")
         out[phase] = seconds
-    return out
+    return {phase: out[phase] for phase in PHASES if phase in out}
