@@ -10,7 +10,7 @@ from budgettune.search.spec import SearchSpec
 from budgettune.search.study import SearchObserver, SearchOutcome
 from budgettune.search.workers import check_gpus, gpu_groups, group_device, run_gpu_workers
 from budgettune.storage.coordination import creation_lock, database_errors
-from budgettune.trial.devices import check_device_available
+from budgettune.trial.devices import check_device_available, device_indices
 from budgettune.trial.launcher import check_ops_exist
 from budgettune.workload import check_reference
 
@@ -54,9 +54,12 @@ def run_search(
         store = storage_mod.open_storage(
             search.storage_url, heartbeat_interval_s=HEARTBEAT_INTERVAL_S
         )
+    if search.shares_gpus and not gpus:  # its trials share the one GPU: a worker each
+        gpus = [device_indices(search.device)[0]]
     # re-measurements spread over the same device slots as the workers: one GPU, or one
-    # group of --nproc-per-node GPUs, per fresh run
-    devices = [group_device(group) for group in gpu_groups(gpus, search.nproc_per_node)]
+    # group of --nproc-per-node GPUs, per fresh run (each GPU --trials-per-gpu times)
+    groups = gpu_groups(gpus, search.nproc_per_node)
+    devices = [group_device(group) for _ in range(search.trials_per_gpu) for group in groups]
     with Searcher(search, store, observer, devices=devices) as searcher:
         if search.num_trials == 0:
             # only re-verify and pin: no trial here, no worker, not even one re-queued from a

@@ -40,6 +40,8 @@ longer values overflow the waits that take them."""
 HOST_SHARE = 0.5
 """The default ``--max-host-mem``: this share of the host's physical memory, for the host
 memory a trial's offloaded activations hold (all its ranks together)."""
+MAX_TRIALS_PER_GPU = 8
+"""The most trials `trials_per_gpu` runs on one GPU at once (each holds its model there)."""
 MAX_SEED = 2**32 - 1
 """The largest sampler seed (the TPE sampler seeds numpy, which takes 32 bits)."""
 STUDY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
@@ -95,6 +97,9 @@ class SearchSpec:
     max_host_mem_bytes: int | None = None
     """Host memory a trial's offloaded activations may hold (all its ranks together); None
     becomes `HOST_SHARE` of this host's memory when the spec is made."""
+    trials_per_gpu: int = 1
+    """Trials run at once on each GPU (one-rank CUDA trials): above 1 they take turns on it,
+    so that only their compiles overlap (`budgettune.trial.gpu_turns`)."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
@@ -152,6 +157,16 @@ class SearchSpec:
             check_world(self.device, self.nproc_per_node)
         except SpecError as exc:
             raise UsageError(str(exc)) from None
+        if not _is_int(self.trials_per_gpu) or not 1 <= self.trials_per_gpu <= MAX_TRIALS_PER_GPU:
+            raise UsageError(
+                f"--trials-per-gpu must be an integer from 1 to {MAX_TRIALS_PER_GPU}, got "
+                f"{self.trials_per_gpu!r}"
+            )
+        if self.trials_per_gpu > 1 and (not self.device.startswith("cuda") or self.is_sharded):
+            raise UsageError(
+                "--trials-per-gpu above 1 shares a GPU between one-rank trials: it needs "
+                "--device cuda and no --nproc-per-node"
+            )
         self._check_estimators()
         self._check_compiled_offload()
         host = self.max_host_mem_bytes
@@ -253,7 +268,13 @@ class SearchSpec:
             cache_root=cache_root,
             nproc_per_node=self.nproc_per_node,
             collective_timeout_s=self.collective_timeout_s,
+            shared_gpu=self.shares_gpus,
         )
+
+    @property
+    def shares_gpus(self) -> bool:
+        """Whether several of its trials run on one GPU at once (they take turns on it)."""
+        return self.trials_per_gpu > 1
 
 
 SEARCH_DEFAULTS: Mapping[str, Any] = {

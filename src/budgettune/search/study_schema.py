@@ -143,6 +143,13 @@ class StudyTable(BaseModel):
     collective_timeout_s: Seconds | None = _key(
         "seconds a rank's collective may wait before it fails"
     )
+    trials_per_gpu: Positive | None = _key(
+        "trials run at once on each GPU (default 1): they take turns on it, so that only "
+        "their compiles overlap (the GPU runs one trial's work at a time, and the others pause "
+        "while one measures); a search is then about that many times faster where compiling "
+        "is most of a trial. Each holds its model in GPU memory: keep the limit x this well "
+        "under the GPU's memory"
+    )
     space: dict[str, Any] | None = _key("table: the search space", "a table")
     fix: dict[str, Any] | None = _key("table: dimensions held at one value", "a table")
     trial: dict[str, Any] | None = _key("table: warmup_steps, timed_steps, seed", "a table")

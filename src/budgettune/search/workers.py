@@ -8,7 +8,9 @@
 A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
 it), so it needs only the study name and the storage. Each worker runs one trial at a time on
 its device; ``--gpus`` starts one ``budgettune worker --device cuda:N`` process per GPU, so
-no GPU ever runs two trials. What counts toward the target: `budgettune.search.target`.
+no GPU ever runs two trials, or ``--trials-per-gpu`` of them per GPU, which then take turns on
+it (`budgettune.trial.gpu_turns`: only their compiles overlap). What counts toward the target:
+`budgettune.search.target`.
 """
 
 from __future__ import annotations
@@ -298,15 +300,10 @@ def run_gpu_workers(
     workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
         for group in gpu_groups(gpus, search.nproc_per_node):
-            gpu = group_device(group)
-            log_path = log_dir / f"cuda{'_'.join(map(str, group))}.log"
-            with open(log_path, "ab") as log_file:
-                process = spawn(
-                    worker_command(study_name=search.study_name, gpu=group, runs_dir=runs_dir),
-                    output=log_file,
-                    env=env,
-                )
-                workers.append((gpu, process, log_path))
+            for turn in range(search.trials_per_gpu):  # they take turns on their GPU
+                suffix = f"-{turn + 1}" if turn else ""
+                log_path = log_dir / f"cuda{'_'.join(map(str, group))}{suffix}.log"
+                workers.append(_start_worker(search, group, runs_dir, env, log_path))
         while any(process.poll() is None for _, process, _ in workers):
             time.sleep(PROGRESS_POLL_S)
             with database_errors(storage_url):
@@ -331,6 +328,23 @@ def run_gpu_workers(
     for gpu, code, log in failed:
         logger.warning("worker on %s exited with code %d (log: %s)", gpu, code, log)
     return end.finished - start.finished
+
+
+def _start_worker(
+    search: SearchSpec,
+    group: tuple[int, ...],
+    runs_dir: Path,
+    env: dict[str, str],
+    log_path: Path,
+) -> tuple[str, subprocess.Popen[bytes], Path]:
+    """One worker process on a GPU group, its output to ``log_path``."""
+    with open(log_path, "ab") as log_file:
+        process = spawn(
+            worker_command(study_name=search.study_name, gpu=group, runs_dir=runs_dir),
+            output=log_file,
+            env=env,
+        )
+    return group_device(group), process, log_path
 
 
 def _stop(workers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:

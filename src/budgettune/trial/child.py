@@ -8,6 +8,7 @@ the outcome: the outcome is in the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
 from budgettune.trial import measure, recompute
 from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
 from budgettune.trial.environment import prepare_process_environment
+from budgettune.trial.gpu_turns import COMPILE_APART_MODES, GpuTurns
 from budgettune.trial.phases import PhaseClock, launched_at
 from budgettune.trial.results import (
     Measurement,
@@ -61,7 +63,9 @@ def import_compiler(run: TrialRun) -> None:
     del torch
 
 
-def run_trial(run: TrialRun, clock: PhaseClock | None = None) -> TrialResult:
+def run_trial(
+    run: TrialRun, clock: PhaseClock | None = None, run_dir: Path | None = None
+) -> TrialResult:
     """Measure ``run`` in this process (the caller has prepared the environment).
 
     A run of several ranks (`TrialRun.nproc_per_node`) is one rank of a sharded trial: it
@@ -70,6 +74,8 @@ def run_trial(run: TrialRun, clock: PhaseClock | None = None) -> TrialResult:
     Args:
         run: what to measure.
         clock: laps each phase (`budgettune.trial.phases`); a new one starting now if None.
+        run_dir: the trial's run folder (a shared GPU's trial notes there whom it paused);
+            default: the working directory.
 
     Returns:
         A `TrialResult` with outcome ``ok``, ``oom``, ``non_finite`` (both caught by type) or
@@ -88,7 +94,8 @@ def run_trial(run: TrialRun, clock: PhaseClock | None = None) -> TrialResult:
     if run.nproc_per_node > 1:
         result = _run_rank(run, info, clock)
     else:
-        result = _measure(run, torch.device(run.device), None, info, clock)
+        folder = run_dir or Path.cwd()
+        result = _measure(run, torch.device(run.device), None, info, clock, folder)
     clock.lap("result")
     return result.replace(phases_s=clock.seconds())
 
@@ -139,10 +146,47 @@ def _is_collective_error(exc: BaseException) -> bool:
 
 
 def _measure(
-    run: TrialRun, device: Any, mesh: Any, info: RunInfo, clock: PhaseClock
+    run: TrialRun,
+    device: Any,
+    mesh: Any,
+    info: RunInfo,
+    clock: PhaseClock,
+    run_dir: Path | None = None,
+) -> TrialResult:
+    with contextlib.ExitStack() as leave:
+        return _measure_in(run, device, mesh, info, clock, run_dir, leave)
+
+
+def _join_turns(
+    run: TrialRun, device: Any, clock: PhaseClock, run_dir: Path | None, leave: Any
+) -> GpuTurns | None:
+    """A shared GPU's turns, joined and taken (left when ``leave`` closes); None when the
+    trial has its GPU to itself."""
+    if not run.shared_gpu:
+        return None
+    turns = GpuTurns(
+        device,
+        clock=clock,
+        run_dir=run_dir or Path.cwd(),
+        compile_apart=run.spec.compile_mode in COMPILE_APART_MODES,
+    )
+    leave.callback(turns.close)
+    turns.take()
+    return turns
+
+
+def _measure_in(
+    run: TrialRun,
+    device: Any,
+    mesh: Any,
+    info: RunInfo,
+    clock: PhaseClock,
+    run_dir: Path | None,
+    leave: contextlib.ExitStack,
 ) -> TrialResult:
     import torch
 
+    turns: GpuTurns | None = None
     try:
         if device.type == "cuda" and mesh is None:
             if not torch.cuda.is_available():
@@ -157,6 +201,7 @@ def _measure(
             torch.empty(0, device=device)  # the context, here: its cost is its own phase
             info["device_name"] = torch.cuda.get_device_name(device)
             logger.info("CUDA context made in %.1f s", clock.lap("cuda_init"))
+            turns = _join_turns(run, device, clock, run_dir, leave)
         elif device.type == "cpu":
             info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
         torch.manual_seed(run.spec.seed)
@@ -180,7 +225,8 @@ def _measure(
         else:
             step = prepare_sharded(workload, run.spec, device, mesh)
         logger.info("step prepared in %.1f s", clock.lap("prepare"))
-        measurement: Measurement = measure.measure(step, run.spec, clock)
+        alone = None if turns is None else turns.alone
+        measurement: Measurement = measure.measure(step, run.spec, clock, alone)
         logger.info(
             "measured (first step, compile included: %.1f s; other warm-up steps %.1f s; "
             "memory and timed steps %.1f s)",
@@ -244,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     prepare_process_environment(run)  # before torch (and its inductor/CUDA config) is imported
     logger.info("measuring %s on %s: %s", run.workload, run.device, run.spec.to_json_dict())
-    result = run_trial(run, clock)
+    result = run_trial(run, clock, spec_path.parent)
     logger.info("outcome %s %s", result.outcome.value, result.error)
     write_result_atomically(result_path, result)
     return 0

@@ -27,6 +27,7 @@ from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
 from budgettune.trial.devices import visible_device_env
 from budgettune.trial.environment import import_time_env
 from budgettune.trial.forkserver import BAD_FORK_EXIT
+from budgettune.trial.gpu_turns import resume_paused
 from budgettune.trial.phases import LAUNCHED_AT_ENV, with_exit
 from budgettune.trial.processes import spawn
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
@@ -230,6 +231,9 @@ def _run_child(
             if process is not None:
                 process.end_session(timeout_s=30)
             raise
+        finally:
+            if run.shared_gpu:  # killed while measuring, it may have left others paused
+                resume_paused(folder)
         wall_s = time.monotonic() - started
         _log_line(log, f"the child ended ({returncode}) after {wall_s:.1f} s")
     lost = process.lost if isinstance(process, ServedChild) else ""

@@ -11,10 +11,13 @@ statistics) plus the profiler window's running-total peak (`cpu_memory`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +50,20 @@ class FirstStep:
     """Global L2 norm of the first step's gradients (float64 accumulation)."""
 
 
-def measure(step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None) -> Measurement:
+def measure(
+    step: PreparedStep,
+    spec: TrialSpec,
+    clock: PhaseClock | None = None,
+    alone: Callable[[], AbstractContextManager[None]] | None = None,
+) -> Measurement:
     """Run the recipe on the step's device.
 
     Args:
         step: a prepared step (`recompute.prepare`), not yet run.
         spec: its spec (warm-up and timed step counts).
         clock: lapped at ``compile`` (the first step), ``warmup`` and ``measure``.
+        alone: entered around the memory-measured and timed steps on CUDA (a shared GPU's
+            `GpuTurns.alone`: nothing else runs on the GPU, the other trials paused).
 
     Returns:
         The figures; all memory figures are absolute bytes.
@@ -62,7 +72,7 @@ def measure(step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None
         torch.cuda.OutOfMemoryError: passed through.
     """
     if step.device.type == "cuda":
-        return measure_cuda(step, spec, clock)
+        return measure_cuda(step, spec, clock, alone)
     return measure_cpu(step, spec, clock)
 
 
@@ -304,13 +314,23 @@ def non_pytorch_device_bytes(device: torch.device) -> int:
 
 
 def measure_cuda(
-    step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None
+    step: PreparedStep,
+    spec: TrialSpec,
+    clock: PhaseClock | None = None,
+    alone: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> Measurement:
     """The CUDA recipe: allocator peaks per phase, NVML for the rest, CUDA events for time."""
+    first = warm_up(step, spec, clock)
+    with (alone or contextlib.nullcontext)():
+        return _measure_cuda_window(step, spec, clock, first)
+
+
+def _measure_cuda_window(
+    step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None, first: FirstStep
+) -> Measurement:
     import torch
 
     device = step.device
-    first = warm_up(step, spec, clock)
     torch.cuda.synchronize(device)
     steady = torch.cuda.memory_allocated(device)
     non_pytorch = non_pytorch_device_bytes(device)

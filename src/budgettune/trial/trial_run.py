@@ -39,6 +39,10 @@ class TrialRun:
     """Ranks of the trial: above 1 it runs under ``torch.distributed.run``, sharded (FSDP2)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Process-group timeout of a sharded trial (see `DEFAULT_COLLECTIVE_TIMEOUT_S`)."""
+    shared_gpu: bool = False
+    """Other trials may run on this trial's GPU at the same time: it takes turns with them
+    (`budgettune.trial.gpu_turns`: only compiles overlap; nothing else runs while it
+    measures). A one-rank CUDA trial only."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, TrialSpec):
@@ -48,6 +52,8 @@ class TrialRun:
         if not DEVICE_PATTERN.match(self.device):
             raise SpecError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         check_world(self.device, self.nproc_per_node)
+        if self.shared_gpu and (not self.is_cuda or self.nproc_per_node > 1):
+            raise SpecError("a shared GPU is for one-rank CUDA trials only")
         if not self.collective_timeout_s > 0:
             raise SpecError(
                 f"collective timeout must be positive, got {self.collective_timeout_s}"
@@ -75,6 +81,7 @@ class TrialRun:
             "cache_root": self.cache_root,
             "nproc_per_node": self.nproc_per_node,
             "collective_timeout_s": self.collective_timeout_s,
+            "shared_gpu": self.shared_gpu,
         }
 
     @classmethod
@@ -85,7 +92,7 @@ class TrialRun:
             SpecError: on unknown keys or invalid values.
         """
         known = {"spec", "workload", "workload_options", "device", "cache_root"}
-        known |= {"nproc_per_node", "collective_timeout_s"}
+        known |= {"nproc_per_node", "collective_timeout_s", "shared_gpu"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(f"unknown TrialRun key(s): {', '.join(unknown)}")
@@ -99,6 +106,7 @@ class TrialRun:
             collective_timeout_s=float(
                 data.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
             ),
+            shared_gpu=bool(data.get("shared_gpu", False)),
         )
 
 
