@@ -85,3 +85,46 @@ def test_queued_baselines_past_the_target_wait_for_the_next_search() -> None:
     assert count_trials(baselines, target=2).next_step() is NextStep.RUN
     baselines[:2] = [_trial(0, State.COMPLETE), _trial(1, State.COMPLETE)]
     assert count_trials(baselines, target=2).next_step() is NextStep.STOP
+
+
+def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_path) -> None:
+    """--trials-per-gpu 2 on GPUs 0 and 1: two workers on each, one log each."""
+    from budgettune.search.study import SearchObserver
+    from budgettune.search.target import TrialCount
+
+    started: list[list[str]] = []
+
+    class Done:
+        returncode = 0
+
+        def poll(self) -> int:
+            return 0
+
+    def spawn(command, *, output, env):
+        started.append(list(command))
+        return Done()
+
+    class Watch:
+        def count(self) -> TrialCount:
+            return TrialCount(target=4, counted=4, finished=4, waiting=0, running=0)
+
+        def best_feasible_ms(self) -> float | None:
+            return None
+
+    monkeypatch.setattr(workers, "spawn", spawn)
+    search = SearchSpec(
+        workload="builtin:llama",
+        device="cuda:0",
+        max_mem_bytes=10**10,
+        study_name="s",
+        space=SearchSpace.for_device("cuda"),
+        runs_dir=str(tmp_path),
+        trials_per_gpu=2,
+    )
+    workers.run_gpu_workers(
+        Watch(), [0, 1], search=search, storage_url="sqlite:///x.db", observer=SearchObserver()
+    )
+    devices = [command[command.index("--device") + 1] for command in started]
+    assert sorted(devices) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    logs = sorted(p.name for p in (tmp_path / "s" / "workers").iterdir())
+    assert logs == ["cuda0-2.log", "cuda0.log", "cuda1-2.log", "cuda1.log"]

@@ -58,7 +58,15 @@ def _start_time(pid: int) -> str | None:
 class GpuTurns:
     """This process's turns on a GPU it shares with other trials."""
 
-    def __init__(self, device: Any, *, clock: PhaseClock, run_dir: Path, compile_apart: bool):
+    def __init__(
+        self,
+        device: Any,
+        *,
+        clock: PhaseClock,
+        run_dir: Path,
+        compile_apart: bool,
+        gpu_id: str | None = None,
+    ):
         """Join the GPU's turns (not holding the lock yet: `take`).
 
         Args:
@@ -66,14 +74,17 @@ class GpuTurns:
             clock: where the waits for the lock are counted (``gpu_wait``).
             run_dir: the trial's run folder (for `PAUSED_FILE`).
             compile_apart: give the lock up while compiling (False: hold it throughout).
+            gpu_id: what names the GPU's lock; default: its UUID (every process that uses
+                the GPU, whatever its ``CUDA_VISIBLE_DEVICES``, finds the same lock).
         """
         import torch
 
         self.device = device
         self.clock = clock
         self.paused_file = run_dir / PAUSED_FILE
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        stem = Path(tempfile.gettempdir()) / f"budgettune-gpu-{os.getuid()}-{uuid}"
+        if gpu_id is None:
+            gpu_id = str(torch.cuda.get_device_properties(device).uuid)
+        stem = Path(tempfile.gettempdir()) / f"budgettune-gpu-{os.getuid()}-{gpu_id}"
         self.members = stem.with_name(stem.name + ".members")
         self.members.mkdir(exist_ok=True)
         self._fd = os.open(stem.with_name(stem.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -101,7 +112,8 @@ class GpuTurns:
             return
         import torch
 
-        torch.cuda.synchronize(self.device)
+        if getattr(self.device, "type", None) == "cuda":
+            torch.cuda.synchronize(self.device)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self.held = False
 
