@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from budgettune.pinning import Candidate, allocator_advice, fits_limit, margin_violation_bytes
 from budgettune.search.pin import MAX_CANDIDATES, margin_advice, reverify_until_one_fits
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
 
-def _result(peak: int, ms: float) -> TrialResult:
+def _result(peak: int, ms: float, *, cold: bool = False) -> TrialResult:
     return TrialResult(
         outcome=TrialOutcome.OK,
+        cold_caches=cold,
         measurement=Measurement(
             peak_allocated_bytes=peak,
             peak_reserved_bytes=peak,
@@ -39,6 +42,8 @@ class _Search:
     margin: float = 0.03
     host_limit_bytes: int = 10**12
     offload_searched: bool = False
+    reverify_runs: int = 3
+    compile_cache: bool = True
 
 
 @dataclass
@@ -51,23 +56,44 @@ class _Observer:
 
 @dataclass
 class _Searcher:
-    """What the walk needs of a Searcher: its search, observer and fresh runs (by table)."""
+    """What the walk needs of a Searcher: its search, observer and fresh runs (by table: a
+    trial's peak, its step time (default 10 + its number), its peak when cold)."""
 
     peaks: dict[int, int]
+    times: dict[int, float] = field(default_factory=dict)
+    cold_peaks: dict[int, int] = field(default_factory=dict)
     search: _Search = field(default_factory=_Search)
     observer: _Observer = field(default_factory=_Observer)
     measured: list[int] = field(default_factory=list)
     batches: list[list[int]] = field(default_factory=list)
+    runs: dict[int, list[TrialResult]] = field(default_factory=dict)
 
-    def fresh_batch(self, jobs):
-        self.measured.extend(job.number for job in jobs)
+    def fresh_batch(self, jobs, runs=None):
+        wanted = self.search.reverify_runs if runs is None else runs
         self.batches.append([job.number for job in jobs])
-        return [[_result(self.peaks[job.number], 10.0 + job.number)] * 2 for job in jobs]
+        out = []
+        for job in jobs:
+            kept = self.runs.setdefault(job.number, [])
+            cold = job.cold and not any(r.cold_caches for r in kept)
+            while len(kept) < wanted:
+                self.measured.append(job.number)
+                n = job.number
+                peak = self.cold_peaks.get(n, self.peaks[n]) if cold else self.peaks[n]
+                kept.append(_result(peak, self.times.get(n, 10.0 + n), cold=cold))
+                cold = False
+            out.append(list(kept))
+        return out
 
 
-def _candidates(n: int) -> list[Candidate]:
+def _candidates(n: int, times: dict[int, float] | None = None) -> list[Candidate]:
+    times = times or {}
     return [
-        Candidate(trial_number=i, spec=TrialSpec(seed=i), step_time_ms=10.0 + i, peak_bytes=90)
+        Candidate(
+            trial_number=i,
+            spec=TrialSpec(seed=i),
+            step_time_ms=times.get(i, 10.0 + i),
+            peak_bytes=90,
+        )
         for i in range(n)
     ]
 
@@ -78,25 +104,66 @@ def test_walks_past_the_top_k_until_one_fits_and_says_each_step() -> None:
     found = reverify_until_one_fits(searcher, _candidates(4))  # type: ignore[arg-type]
     assert found is not None
     (winner, runs), reverified = found
-    assert winner.trial_number == 2 and len(runs) == 2
-    assert searcher.measured == [0, 1, 2] and sorted(reverified) == [0, 1, 2]
-    assert searcher.batches == [[0, 1], [2]]  # the top-k go out together (parallel on GPUs)
+    # one fresh run (it stood alone), then one with empty caches: the pin's cold start
+    assert winner.trial_number == 2 and [r.cold_caches for r in runs] == [False, True]
+    assert searcher.measured == [0, 1, 2, 2] and sorted(reverified) == [0, 1, 2]
+    # the top-k go out together (parallel on GPUs), then one at a time
+    assert searcher.batches == [[0, 1], [2], [2]]
     assert len(searcher.observer.lines) == 1
     assert "trying trial 2 (3/4" in searcher.observer.lines[0]
 
 
-def test_the_top_k_are_compared_together_fastest_median_wins() -> None:
+def test_a_clear_leader_is_pinned_on_one_run_which_is_its_cold_start() -> None:
     searcher = _Searcher(peaks={0: 95, 1: 90, 2: 80})
     found = reverify_until_one_fits(searcher, _candidates(3))  # type: ignore[arg-type]
+    assert found is not None
+    (winner, runs), _ = found
+    assert winner.trial_number == 0 and [r.cold_caches for r in runs] == [True]
+    # 11 ms is 10 % behind 10 ms, far past twice the least noise (0.5 %): no second round
+    assert searcher.batches == [[0, 1]] and searcher.observer.lines == []
+
+
+def test_candidates_within_the_noise_get_more_rounds_until_the_leader_stands_alone() -> None:
+    # 10.0 vs 10.06 ms: within twice the least noise (1 %), so both run --reverify-runs times
+    times = {0: 10.0, 1: 10.06, 2: 12.0}
+    searcher = _Searcher(peaks={0: 90, 1: 90, 2: 90}, times=times)
+    found = reverify_until_one_fits(
+        searcher, _candidates(3, times)  # type: ignore[arg-type]
+    )
     assert found is not None and found[0][0].trial_number == 0
-    assert searcher.measured == [0, 1] and searcher.observer.lines == []
+    assert searcher.batches == [[0, 1], [0, 1], [0, 1]]
+    assert [len(searcher.runs[n]) for n in (0, 1)] == [3, 3]
+
+
+def test_the_noise_is_read_from_the_runs() -> None:
+    from budgettune.search.reverify import MIN_NOISE, contenders, noise_of
+
+    [a, b] = _candidates(2, {0: 10.0, 1: 10.3})
+    # b's fresh run came 5 % off its trial: the runs are that noisy, 10.3 is within 2 x 5 %
+    runs = {0: [_result(90, 10.0)], 1: [_result(90, 10.3 * 1.05)]}
+    assert noise_of([a, b], runs) == pytest.approx(0.05)
+    ranked = [(10.0, a, runs[0]), (10.815, b, runs[1])]
+    assert contenders(ranked, noise_of([a, b], runs)) == [a, b]
+    assert noise_of([a], {0: [_result(90, 10.0)]}) == MIN_NOISE
+    assert contenders(ranked, MIN_NOISE) == [a]
+
+
+def test_a_cold_start_over_the_limit_moves_the_pin_to_the_next() -> None:
+    # trial 0's warm runs fit (90), its cold start peaks at 98 > 100 / 1.03: trial 1 it is,
+    # with a cold run of its own
+    searcher = _Searcher(peaks={0: 90, 1: 90}, cold_peaks={0: 98})
+    found = reverify_until_one_fits(searcher, _candidates(2))  # type: ignore[arg-type]
+    assert found is not None
+    (winner, runs), _ = found
+    assert winner.trial_number == 1 and any(r.cold_caches for r in runs)
+    assert searcher.batches == [[0, 1], [1]]
 
 
 def test_the_walk_is_bounded_and_none_means_exit_3() -> None:
     n = MAX_CANDIDATES + 3
     searcher = _Searcher(peaks={i: 99 for i in range(n)})
     assert reverify_until_one_fits(searcher, _candidates(n)) is None  # type: ignore[arg-type]
-    assert searcher.measured == list(range(MAX_CANDIDATES))
+    assert searcher.measured == list(range(MAX_CANDIDATES))  # one run each: none could fit
 
 
 def test_fits_is_peak_times_one_plus_margin_within_the_limit() -> None:

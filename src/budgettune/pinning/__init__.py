@@ -24,6 +24,7 @@ from budgettune.pinning.choose import (
     margin_violation_bytes,
     measured_violation_bytes,
     phase_advice,
+    qualified,
     reference_figures,
     write_pin,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "measured_violation_bytes",
     "parse_pin",
     "phase_advice",
+    "qualified",
     "reference_figures",
     "write_pin",
 ]

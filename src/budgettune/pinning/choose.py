@@ -160,7 +160,7 @@ def phase_advice(peak_phase: str | None) -> str:
     return ""
 
 
-def choose_pin(
+def qualified(
     candidates: Sequence[Candidate],
     reverified: Mapping[int, Sequence[TrialResult]],
     *,
@@ -168,17 +168,12 @@ def choose_pin(
     mem_metric: str,
     margin: float,
     host_limit_bytes: int | None = None,
-) -> tuple[Candidate, list[TrialResult]] | None:
-    """The fastest candidate whose *worst* re-measured peak, plus the margin, fits the limit
-    (and whose every run held at most ``host_limit_bytes`` of host memory, when given).
-
-    A candidate qualifies only if every re-measurement ended ``ok``. Speed is the median of
-    the re-measured step times.
-
-    Returns:
-        The winner and its re-measurements, or None when none qualifies.
-    """
-    qualified: list[tuple[float, Candidate, list[TrialResult]]] = []
+) -> list[tuple[float, Candidate, list[TrialResult]]]:
+    """The candidates whose re-measurements qualify, fastest first: (median step time, the
+    candidate, its runs). A candidate qualifies when it has runs, every one ended ``ok``, its
+    *worst* peak plus the margin fits the limit and every run held at most
+    ``host_limit_bytes`` of host memory (when given)."""
+    found: list[tuple[float, Candidate, list[TrialResult]]] = []
     for candidate in candidates:
         results = list(reverified.get(candidate.trial_number, ()))
         if not results or not all(r.outcome.is_feasible() and r.measurement for r in results):
@@ -191,10 +186,37 @@ def choose_pin(
         ):
             continue
         median_ms = statistics.median(r.measurement.step_time_ms for r in results if r.measurement)
-        qualified.append((median_ms, candidate, results))
-    if not qualified:
+        found.append((median_ms, candidate, results))
+    return sorted(found, key=lambda item: item[0])
+
+
+def choose_pin(
+    candidates: Sequence[Candidate],
+    reverified: Mapping[int, Sequence[TrialResult]],
+    *,
+    limit_bytes: int,
+    mem_metric: str,
+    margin: float,
+    host_limit_bytes: int | None = None,
+) -> tuple[Candidate, list[TrialResult]] | None:
+    """The fastest candidate that qualifies (`qualified`: every re-measurement ``ok``, the
+    worst re-measured peak plus the margin within the limit); speed is the median of the
+    re-measured step times.
+
+    Returns:
+        The winner and its re-measurements, or None when none qualifies.
+    """
+    ranked = qualified(
+        candidates,
+        reverified,
+        limit_bytes=limit_bytes,
+        mem_metric=mem_metric,
+        margin=margin,
+        host_limit_bytes=host_limit_bytes,
+    )
+    if not ranked:
         return None
-    _, candidate, results = min(qualified, key=lambda item: item[0])
+    _, candidate, results = ranked[0]
     return candidate, results
 
 
@@ -206,6 +228,7 @@ def _figures(results: Sequence[TrialResult], metric: str, *, sharded: bool) -> P
     per_rank = per_rank_figures(results, metric) if sharded else None
     return PinMeasured(
         runs=len(measurements),
+        cold_runs=sum(r.cold_caches for r in results if r.measurement is not None),
         peak_median_bytes=int(statistics.median(peaks)),
         peak_worst_bytes=max(peaks),
         peak_device_worst_bytes=max(m.peak_device_bytes for m in measurements),

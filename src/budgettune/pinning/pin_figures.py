@@ -104,6 +104,9 @@ class PinMeasured:
 
     runs: int | None = None
     """How many fresh runs the figures are of (None: not recorded)."""
+    cold_runs: int | None = None
+    """How many of them started with empty compile caches, as a job on a fresh host does
+    (their peaks are among those the worst is taken of; None: not recorded)."""
     peak_median_bytes: int = 0
     """Median peak on the pin's metric."""
     peak_worst_bytes: int = 0
@@ -139,6 +142,7 @@ class PinMeasured:
         only for one that offloads)."""
         data: dict[str, Any] = {
             "runs": self.runs,
+            "cold_runs": self.cold_runs,
             "peak_median_bytes": self.peak_median_bytes,
             "peak_worst_bytes": self.peak_worst_bytes,
             "peak_device_worst_bytes": self.peak_device_worst_bytes,
@@ -165,6 +169,7 @@ class PinMeasured:
         per_rank, split = data.get("per_rank"), data.get("split")
         return cls(
             runs=optional_int(data.get("runs")),
+            cold_runs=optional_int(data.get("cold_runs")),
             peak_median_bytes=as_int(data.get("peak_median_bytes")),
             peak_worst_bytes=as_int(data.get("peak_worst_bytes")),
             peak_device_worst_bytes=as_int(data.get("peak_device_worst_bytes")),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,7 +42,13 @@ class FreshJob:
     """What the progress display says while it runs."""
     check: bool = True
     """Compare each run's numerics with the study's reference."""
+    cold: bool = False
+    """Its first run starts with empty compile caches of its own, as a job on a fresh host
+    (its later runs share the study's caches)."""
 
+
+COLD_CACHES = "cold-caches"
+"""A cold run's own compile caches, in its run folder while it runs (deleted after)."""
 
 Launch = Callable[[TrialRun, Path], TrialResult]
 """Runs one fresh measurement (``launch_trial`` with the search's timeout)."""
@@ -91,12 +98,23 @@ def run_batch(
         run = make_run(jobs[index].spec)
         if device is not None:
             run = dataclasses.replace(run, device=device)
-        return run, runs_dir / f"{jobs[index].run_name}-{offsets[index] + repeat}"
+        folder = runs_dir / f"{jobs[index].run_name}-{offsets[index] + repeat}"
+        if jobs[index].cold and repeat == 0 and run.cache_root is not None:
+            run = dataclasses.replace(run, cache_root=str(folder / COLD_CACHES))
+        return run, folder
+
+    def measured(index: int, repeat: int, device: str | None) -> TrialResult:
+        run, folder = prepared(index, repeat, device)
+        try:
+            return launch(run, folder)
+        finally:
+            if run.cache_root is not None and run.cache_root.endswith(COLD_CACHES):
+                shutil.rmtree(run.cache_root, ignore_errors=True)  # compiled code, no record
 
     if len(devices) <= 1:
         for index, repeat in tasks:
             on_phase(f"{jobs[index].phase} ({repeat + 1}/{counts[index]})")
-            keep(index, repeat, launch(*prepared(index, repeat, None)))
+            keep(index, repeat, measured(index, repeat, None))
         return [[r for r in rs if r is not None] for rs in results]
 
     free: queue.Queue[str] = queue.Queue()
@@ -106,7 +124,7 @@ def run_batch(
     def one(index: int, repeat: int) -> TrialResult:
         device = free.get()
         try:
-            return launch(*prepared(index, repeat, device))
+            return measured(index, repeat, device)
         finally:
             free.put(device)
 

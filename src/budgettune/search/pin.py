@@ -1,8 +1,9 @@
 """The end of a search: re-verify the fastest fitting trials in fresh processes, pin one.
 
-Re-verification walks down the feasible trials, fastest first: the top ``--top-k`` together,
-then one more at a time, until one qualifies (every fresh run ``ok``, the worst peak fits the
-limit with the margin) or `MAX_CANDIDATES` have been re-measured. Only when nothing qualifies
+Re-verification (`budgettune.search.reverify`) walks down the feasible trials, fastest first,
+in rounds sized by the noise, until one qualifies (every fresh run ``ok``, the worst peak, a
+cold start's included, fits the limit with the margin) or `MAX_CANDIDATES` have been
+re-measured. Only when nothing qualifies
 does the search end with exit 3 (exit 4 when no trial could be measured at all). The
 references the pin reports its slowdown against (the unconstrained baseline, full block AC
 when that baseline cannot run under the limit, and torchtitan's op SAC in a sharded study)
@@ -22,7 +23,6 @@ from budgettune.pinning import (
     PinScope,
     ReferenceTrial,
     build_pin,
-    choose_pin,
 )
 from budgettune.search.fresh import FreshJob
 from budgettune.search.pin_errors import (  # noqa: F401 - re-exported
@@ -31,6 +31,10 @@ from budgettune.search.pin_errors import (  # noqa: F401 - re-exported
     nothing_measured_error,
 )
 from budgettune.search.pin_steps import Notices, PinRecorder, PinSteps, StudyTrials  # noqa: F401
+from budgettune.search.reverify import (  # noqa: F401 - re-exported
+    MAX_CANDIDATES,
+    reverify_until_one_fits,
+)
 from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import (
     FULL_AC,
@@ -44,80 +48,17 @@ from budgettune.storage.trials import (
     record_of,
 )
 from budgettune.trial.results import TrialOutcome, TrialResult
-from budgettune.units import format_bytes, format_percent
-
-MAX_CANDIDATES = 8
-"""At most this many feasible configurations are re-measured (or ``--top-k``, if larger)
-before the search gives up with exit 3: each costs ``--reverify`` fresh runs."""
-
-
-def reverify_until_one_fits(
-    searcher: PinSteps, candidates: Sequence[Candidate]
-) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
-    """Re-measure candidates (fastest first) until one qualifies; None when none does.
-
-    The top-k go out as one batch (in parallel over the search's GPUs), then one at a time.
-
-    Returns:
-        The winner with its runs, and every re-measurement made (by trial number).
-    """
-    search = searcher.search
-    bound = min(max(search.top_k, MAX_CANDIDATES), len(candidates))
-    reverified: dict[int, list[TrialResult]] = {}
-    tried: list[Candidate] = []
-    index = 0
-    while index < bound:
-        batch = list(candidates[index : max(index + 1, min(search.top_k, bound))])
-        if index >= search.top_k:
-            searcher.observer.notice(
-                f"none of the {len(tried)} fastest fitting trials held under "
-                f"{format_bytes(search.max_mem_bytes)} with the "
-                f"{format_percent(search.margin)} margin "
-                + (
-                    "(and their host memory within --max-host-mem) "
-                    if search.offload_searched
-                    else ""
-                )
-                + f"when re-measured; trying trial {batch[0].trial_number} "
-                f"({index + 1}/{bound}, "
-                f"{batch[0].step_time_ms:.1f} ms, {format_bytes(batch[0].peak_bytes)})"
-            )
-        runs = searcher.fresh_batch(
-            [
-                FreshJob(
-                    spec=c.spec,
-                    number=c.trial_number,
-                    run_name=f"reverify-{c.trial_number:04d}",
-                    phase=f"re-verifying trial {c.trial_number}",
-                )
-                for c in batch
-            ]
-        )
-        for candidate, results in zip(batch, runs, strict=True):
-            reverified[candidate.trial_number] = results
-        tried.extend(batch)
-        index += len(batch)
-        chosen = choose_pin(
-            tried,
-            reverified,
-            limit_bytes=search.max_mem_bytes,
-            mem_metric=search.mem_metric,
-            margin=search.margin,
-            host_limit_bytes=search.host_limit_bytes,
-        )
-        if chosen is not None:
-            return chosen, reverified
-    return None
 
 
 def remeasure(
     searcher: PinSteps,
     references: Sequence[tuple[tuple[optuna.trial.FrozenTrial, TrialRecord] | None, str, bool]],
     reverified: dict[int, list[TrialResult]],
+    runs: int,
 ) -> list[list[TrialResult]]:
-    """References measured as often as the pin, so a slowdown compares medians of the same
-    number of fresh processes; one batch (parallel over the GPUs); a reference whose config
-    a candidate shares reuses its re-verification.
+    """References measured ``runs`` times, as often as the pin, so a slowdown compares medians
+    of the same number of fresh processes; one batch (parallel over the GPUs); a reference
+    whose config a candidate shares reuses its re-verification.
 
     Args:
         references: ((trial, its record) or None, name, check numerics) of each reference.
@@ -148,7 +89,7 @@ def remeasure(
                 check=check,
             )
         )
-    measured = iter(searcher.fresh_batch(jobs) if jobs else [])
+    measured = iter(searcher.fresh_batch(jobs, runs=runs) if jobs else [])
     return [results if results is not None else next(measured) for results in out]
 
 
@@ -225,6 +166,7 @@ def pin_study(searcher: PinSteps) -> PinDocument:
             (no_offload, "no-offload", True),
         ],
         reverified,
+        len(results),
     )
     metric = search.mem_metric
     pin = build_pin(

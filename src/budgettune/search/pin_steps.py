@@ -79,6 +79,9 @@ class PinSteps(Protocol):
         """The study's run folder (trial logs)."""
         ...
 
-    def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
-        """Measure each job ``--reverify`` times in fresh processes."""
+    def fresh_batch(
+        self, jobs: Sequence[FreshJob], runs: int | None = None
+    ) -> list[list[TrialResult]]:
+        """Measure each job ``runs`` times (default ``--reverify``) in fresh processes (the
+        runs it has stored count)."""
         ...

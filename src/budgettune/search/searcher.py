@@ -347,16 +347,19 @@ class Searcher:
         """Refuse a limit below the steady memory some earlier trial measured."""
         check_steady(self.study, self.search.max_mem_bytes)
 
-    def fresh_batch(self, jobs: Sequence[FreshJob]) -> list[list[TrialResult]]:
-        """Measure each job ``--reverify`` times in fresh processes (over every device of
-        ``devices`` at once), each run stored as a ``reverify`` of its trial as soon as it is
-        in; numerics are checked against the study's reference where the job asks.
+    def fresh_batch(
+        self, jobs: Sequence[FreshJob], runs: int | None = None
+    ) -> list[list[TrialResult]]:
+        """Measure each job ``runs`` times (default ``--reverify``) in fresh processes (over
+        every device of ``devices`` at once), each run stored as a ``reverify`` of its trial as
+        soon as it is in; numerics are checked against the study's reference where the job
+        asks.
 
         Runs this study already stored for the same trial and configuration on the same GPU
-        model and torch version (a search cut off while re-verifying, resumed) count: only the
-        missing ones are measured."""
+        model and torch version (a search cut off while re-verifying, resumed; an earlier
+        round) count: only the missing ones are measured."""
         kept = stored_runs(self.store, self.search.study_name, jobs)
-        wanted = self.search.reverify_runs
+        wanted = self.search.reverify_runs if runs is None else runs
         reference = self.reference()
 
         def finish(index: int, result: TrialResult) -> TrialResult:
@@ -369,6 +372,11 @@ class Searcher:
         run = self.search.trial_run(self.search.base)
         for device in self.devices or (run.device,):  # servers import while the runs start
             warm_server(self.servers, dataclasses.replace(run, device=device))
+        # a job's cold run is needed once: a run kept from before may be it
+        jobs = [
+            dataclasses.replace(job, cold=job.cold and not any(r.cold_caches for r in old))
+            for job, old in zip(jobs, kept, strict=True)
+        ]
         fresh = run_batch(
             jobs,
             runs=[max(0, wanted - len(old)) for old in kept],

@@ -119,7 +119,12 @@ class StudyTable(BaseModel):
         f"{SEARCH_DEFAULTS['top_k']}); if none holds, the next ones are re-verified one by "
         "one, up to 8 in all, before exit 3"
     )
-    reverify_runs: Positive | None = _key("fresh re-measurements per configuration")
+    reverify_runs: Positive | None = _key(
+        "rounds of fresh re-measurement at most: round 1 measures each of the top_k once, a "
+        "later round only those within twice the noise of the fastest (the noise read from "
+        "the runs), until one stands alone; the winner also gets one run with empty compile "
+        "caches, as a job on a fresh host starts"
+    )
     margin: Annotated[float, Field(ge=0, lt=0.5)] | None = _key(
         "safety margin: a configuration fits when its peak x (1 + margin) is within max_mem, "
         "for the search, the re-verification and the pin alike. It absorbs run-to-run "

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -96,6 +97,7 @@ class MeasurementRow(Base):
     offload_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # revision 0004
     phases_json: Mapped[str | None] = mapped_column(Text)
+    cold_caches: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class PinRow(Base):

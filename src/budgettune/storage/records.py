@@ -109,6 +109,8 @@ class StoredMeasurement(StoredFigures):
     """Wall time of the child process."""
     phases_s: Mapping[str, float] = field(default_factory=dict)
     """Seconds of each phase of the process (`TrialResult.phases_s`; empty before 0004)."""
+    cold_caches: bool = False
+    """It started with empty compile caches (`TrialResult.cold_caches`; False before 0004)."""
     workload_fingerprint: Mapping[str, Any] | None = None
     """The fingerprint of the recorded workload with this digest, if recorded."""
     created_at: datetime
@@ -152,6 +154,7 @@ class StoredMeasurement(StoredFigures):
             log_path=self.log_path,
             wall_s=self.wall_s,
             phases_s=dict(self.phases_s),
+            cold_caches=self.cold_caches,
             workload_fingerprint=(
                 None if self.workload_fingerprint is None else dict(self.workload_fingerprint)
             ),
@@ -210,6 +213,7 @@ def measurement_columns(spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
         "log_path": result.log_path,
         "wall_s": float(result.wall_s),
         "phases_json": dumps(dict(result.phases_s)) if result.phases_s else None,
+        "cold_caches": result.cold_caches,
     }
     figures = result.measurement
     if figures is not None:
@@ -278,6 +282,7 @@ def stored_measurement(
         log_path=row.log_path,
         wall_s=row.wall_s,
         phases_s=_phases(row.phases_json),
+        cold_caches=bool(row.cold_caches),
         workload_fingerprint=None if workload is None else stored_workload(workload).fingerprint(),
         created_at=as_utc(row.created_at),
     )

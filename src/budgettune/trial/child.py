@@ -288,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
             TrialResult(outcome=TrialOutcome.CRASHED, error=f"unreadable {spec_path}: {exc}"),
         )
         return 0
-    prepare_process_environment(run)  # before torch (and its inductor/CUDA config) is imported
+    # before torch (and its inductor/CUDA config) is imported, when this is a fresh process
+    cold = prepare_process_environment(run)
     logger.info("measuring %s on %s: %s", run.workload, run.device, run.spec.to_json_dict())
-    result = run_trial(run, clock, spec_path.parent)
+    result = run_trial(run, clock, spec_path.parent).replace(cold_caches=cold)
     logger.info("outcome %s %s", result.outcome.value, result.error)
     write_result_atomically(result_path, result)
     return 0

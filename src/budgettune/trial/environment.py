@@ -19,7 +19,7 @@ def import_time_env(run: TrialRun) -> dict[str, str]:
     return dict(CACHES_OFF_ENV) if run.cache_dir() is None else {}
 
 
-def prepare_process_environment(run: TrialRun) -> None:
+def prepare_process_environment(run: TrialRun) -> bool:
     """Set the environment a trial child needs; call before torch is imported.
 
     ``PYTORCH_CUDA_ALLOC_CONF`` is read once, when CUDA initialises. The compile caches are
@@ -33,6 +33,10 @@ def prepare_process_environment(run: TrialRun) -> None:
 
     Args:
         run: the trial to launch.
+
+    Returns:
+        Whether the compile caches start empty (inductor's folder for this variant has
+        nothing yet, or the caches are off): a cold start, as on a fresh host.
     """
     spec = run.spec
     apply_allocator_settings(spec.cuda_alloc_conf)  # torch is not imported yet: the variable
@@ -46,3 +50,4 @@ def prepare_process_environment(run: TrialRun) -> None:
         triton_dir = os.path.join(run.cache_root, "triton")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     os.environ["TRITON_CACHE_DIR"] = triton_dir
+    return not os.listdir(cache_dir)

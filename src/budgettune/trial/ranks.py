@@ -119,6 +119,7 @@ def merge_rank_results(
             "workload_fingerprint": first.workload_fingerprint,
             "model_changes": first.model_changes,  # every rank changes its model alike
             "phases_s": merge_phases([r.phases_s for r in present if r is not None]),
+            "cold_caches": any(r.cold_caches for r in present if r is not None),
         }
     common: dict[str, Any] = {"world_size": world, "ranks": ranks, **info}
     if all(f.outcome.is_feasible() and f.measurement is not None for f in ranks):

@@ -205,6 +205,10 @@ class TrialResult:
     ranks: tuple[RankFigures, ...] = ()
     """Every rank's outcome and figures (sharded trials); the `measurement` is their merge:
     the largest peaks and the slowest step time."""
+    cold_caches: bool = False
+    """The process started with empty compile caches, as a job on a fresh host does (a
+    cold start can reserve more memory: autotuning and the first-run state of inductor's
+    cache folder)."""
     phases_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Seconds of each phase of the process (`budgettune.trial.phases.PHASES`: start, imports,
     CUDA init, build, prepare, compile, warm-up, GPU wait, measure, result, exit), as far as
@@ -238,6 +242,7 @@ class TrialResult:
             "failed_rank": self.failed_rank,
             "failed_at_s": self.failed_at_s,
             "ranks": [r.to_json_dict() for r in self.ranks],
+            "cold_caches": self.cold_caches,
             "phases_s": dict(self.phases_s),
         }
 

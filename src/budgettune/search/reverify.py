@@ -1,0 +1,170 @@
+"""Re-verification sized by the noise it must separate: the fastest fitting trials re-measured
+in fresh processes, in rounds, until one is ahead of the rest by more than the noise.
+
+Round 1 measures each of the ``--top-k`` fastest fitting candidates once (in parallel over the
+search's GPU slots). A later round re-measures only the leader and the candidates within
+twice the noise of it (`contenders`); the rounds stop when the leader stands alone or after
+``--reverify-runs`` of them. The noise is read from the runs themselves (`noise_of`): how far
+a configuration's fresh runs fall from its trial and from each other, at least `MIN_NOISE`.
+A clear leader is thus pinned on one fresh run, two candidates within 1 % on up to
+``--reverify-runs`` each (issue 44: three runs of every candidate were half a search's wall).
+
+The pin must state what a job on a fresh host peaks at, compile caches empty (on a cold cache
+autotuning and inductor's first-run state reserved 1.3-2 % more): the winner has one run that
+started with empty caches of its own (round 1's run of the fastest trial is one; another
+winner gets one more run, cold), and its worst peak, which the limit is checked against,
+includes it. When no candidate of the batch qualifies (a re-measured peak over the limit),
+the next ones are re-measured one by one, up to `MAX_CANDIDATES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from budgettune.pinning import Candidate, qualified
+from budgettune.search.fresh import FreshJob
+from budgettune.search.pin_steps import PinSteps
+from budgettune.trial.results import TrialResult
+from budgettune.units import format_bytes, format_percent
+
+MAX_CANDIDATES = 8
+"""At most this many feasible configurations are re-measured (or ``--top-k``, if larger)
+before the search gives up with exit 3."""
+MIN_NOISE = 0.005
+"""The least relative step-time noise assumed between two fresh processes (0.5 %)."""
+
+Reverified = dict[int, list[TrialResult]]
+
+
+def noise_of(
+    candidates: Sequence[Candidate], reverified: Mapping[int, Sequence[TrialResult]]
+) -> float:
+    """The relative step-time noise the runs show: the largest gap between a candidate's
+    fresh run and its own trial, or between two of its fresh runs, relative to the faster;
+    at least `MIN_NOISE`."""
+    gaps = [MIN_NOISE]
+    for candidate in candidates:
+        times = [
+            r.measurement.step_time_ms
+            for r in reverified.get(candidate.trial_number, ())
+            if r.measurement is not None
+        ]
+        for ms in [candidate.step_time_ms, *times]:
+            for other in times:
+                low = min(ms, other)
+                if low > 0:
+                    gaps.append(abs(ms - other) / low)
+    return max(gaps)
+
+
+def contenders(
+    ranked: Sequence[tuple[float, Candidate, list[TrialResult]]], noise: float
+) -> list[Candidate]:
+    """The leader of ``ranked`` (qualified, fastest first) and every candidate whose median
+    is within twice ``noise`` of the leader's: those the runs so far cannot tell apart."""
+    if not ranked:
+        return []
+    leader_ms = ranked[0][0]
+    return [candidate for ms, candidate, _ in ranked if ms <= leader_ms * (1.0 + 2.0 * noise)]
+
+
+def _job(candidate: Candidate, *, cold: bool = False) -> FreshJob:
+    return FreshJob(
+        spec=candidate.spec,
+        number=candidate.trial_number,
+        run_name=f"reverify-{candidate.trial_number:04d}",
+        phase=f"re-verifying trial {candidate.trial_number}",
+        cold=cold,
+    )
+
+
+def _ranked(
+    searcher: PinSteps, tried: Sequence[Candidate], reverified: Reverified
+) -> list[tuple[float, Candidate, list[TrialResult]]]:
+    search = searcher.search
+    return qualified(
+        tried,
+        reverified,
+        limit_bytes=search.max_mem_bytes,
+        mem_metric=search.mem_metric,
+        margin=search.margin,
+        host_limit_bytes=search.host_limit_bytes,
+    )
+
+
+def _rounds(
+    searcher: PinSteps,
+    batch: Sequence[Candidate],
+    tried: Sequence[Candidate],
+    reverified: Reverified,
+    *,
+    first: bool,
+) -> None:
+    """Re-measure ``batch`` in rounds until its leader stands alone (`contenders`)."""
+    pool = list(batch)
+    for round_ in range(1, searcher.search.reverify_runs + 1):
+        # the fastest trial's first fresh run is a cold start: most often it is the winner
+        jobs = [_job(c, cold=first and round_ == 1 and i == 0) for i, c in enumerate(pool)]
+        for candidate, runs in zip(pool, searcher.fresh_batch(jobs, runs=round_), strict=True):
+            reverified[candidate.trial_number] = runs
+        ranked = _ranked(searcher, tried, reverified)
+        pool = [c for c in contenders(ranked, noise_of(tried, reverified)) if c in batch]
+        if len(pool) <= 1:
+            return
+
+
+def _with_cold_run(
+    searcher: PinSteps, tried: Sequence[Candidate], reverified: Reverified
+) -> tuple[Candidate, list[TrialResult]] | None:
+    """The fastest qualifying candidate that has a cold run (one is added to each leader that
+    lacks one, until a leader qualifies with it); None when none does."""
+    while True:
+        ranked = _ranked(searcher, tried, reverified)
+        if not ranked:
+            return None
+        _, leader, runs = ranked[0]
+        if any(r.cold_caches for r in runs) or not searcher.search.compile_cache:
+            return leader, runs
+        [more] = searcher.fresh_batch([_job(leader, cold=True)], runs=len(runs) + 1)
+        reverified[leader.trial_number] = more
+
+
+def reverify_until_one_fits(
+    searcher: PinSteps, candidates: Sequence[Candidate]
+) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
+    """Re-measure candidates (fastest first) until one qualifies; None when none does.
+
+    The top-k go out as one batch (in parallel over the search's GPUs), in rounds, then one
+    at a time.
+
+    Returns:
+        The winner with its runs, and every re-measurement made (by trial number).
+    """
+    search = searcher.search
+    bound = min(max(search.top_k, MAX_CANDIDATES), len(candidates))
+    reverified: Reverified = {}
+    tried: list[Candidate] = []
+    index = 0
+    while index < bound:
+        batch = list(candidates[index : max(index + 1, min(search.top_k, bound))])
+        if index >= search.top_k:
+            searcher.observer.notice(
+                f"none of the {len(tried)} fastest fitting trials held under "
+                f"{format_bytes(search.max_mem_bytes)} with the "
+                f"{format_percent(search.margin)} margin "
+                + (
+                    "(and their host memory within --max-host-mem) "
+                    if search.offload_searched
+                    else ""
+                )
+                + f"when re-measured; trying trial {batch[0].trial_number} "
+                f"({index + 1}/{bound}, "
+                f"{batch[0].step_time_ms:.1f} ms, {format_bytes(batch[0].peak_bytes)})"
+            )
+        tried.extend(batch)
+        _rounds(searcher, batch, tried, reverified, first=index == 0)
+        index += len(batch)
+        chosen = _with_cold_run(searcher, tried, reverified)
+        if chosen is not None:
+            return chosen, reverified
+    return None
