@@ -105,12 +105,25 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
     if pin.model_changes:
         table.add_row("model changed", ", ".join(pin.model_changes))
     table.add_row("limit", f"{format_bytes(pin.limit_bytes)} ({metric})")
+    cold = (
+        f", {measured.cold_runs} of them with empty compile caches, as on a fresh host"
+        if measured.cold_runs
+        else ""
+    )
     table.add_row(
         f"peak {metric}",
-        f"{format_bytes(measured.peak_worst_bytes)} worst of {measured.runs} runs "
+        f"{format_bytes(measured.peak_worst_bytes)} worst of {_runs(measured.runs)}{cold} "
         f"(median {format_bytes(measured.peak_median_bytes)}), set in {measured.peak_phase}",
     )
-    table.add_row("step time", f"{measured.step_time_ms:.2f} ms (median of re-measurements)")
+    table.add_row(
+        "step time",
+        f"{measured.step_time_ms:.2f} ms (median of re-measurements"
+        + (
+            f", slowest {measured.step_time_worst_ms:.2f} ms)"
+            if (measured.runs or 0) > 1
+            else ")"
+        ),
+    )
     table.add_row(
         "fits",
         f"worst peak x {1 + pin.margin:.2f} (the margin) "
@@ -132,7 +145,7 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
         table.add_row(
             label,
             f"{format_bytes(reference.peak_bytes)}, {reference.step_time_ms:.2f} ms"
-            + (f" (median of {reference.runs} runs)" if reference.runs else "")
+            + (f" (median of {_runs(reference.runs)})" if reference.runs else "")
             + over,
         )
         table.add_row(f"vs {label}", f"{reference.slowdown * 100:+.1f}%")
@@ -169,6 +182,10 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
     return table
 
 
+def _runs(count: int | None) -> str:
+    return "1 run" if count == 1 else f"{count} runs"
+
+
 def _offload_rows(table: Table, pin: PinDocument) -> None:
     measured = pin.measured
     limit = "" if pin.host_limit_bytes is None else f"; limit {format_bytes(pin.host_limit_bytes)}"
@@ -188,7 +205,7 @@ def _offload_rows(table: Table, pin: PinDocument) -> None:
     table.add_row(
         "best without offload",
         f"{best.spec.describe()}: {format_bytes(best.peak_bytes)}, {best.step_time_ms:.2f} ms"
-        + (f" (median of {best.runs} runs)" if best.runs else ""),
+        + (f" (median of {_runs(best.runs)})" if best.runs else ""),
     )
     table.add_row("vs best without offload", f"{best.slowdown * 100:+.1f}%")
 
