@@ -111,6 +111,11 @@ class NonFiniteLossError(BudgettuneError):
     child turns it into the ``non_finite`` outcome; it never reaches the command line."""
 
 
+class SharedGpuError(BudgettuneError):
+    """In the trial child: its GPU is shared with other trials (``--trials-per-gpu``) and its
+    own device memory cannot be told from theirs here; the trial crashes with this line."""
+
+
 class NoFeasibleConfigError(BudgettuneError):
     """No measured configuration fits under the memory limit (exit code 3)."""
 

@@ -50,6 +50,7 @@ GOOD: dict[str, Any] = {
     "sampler_seed": 4294967295,
     "nproc_per_node": 1,
     "collective_timeout_s": 30.5,
+    "trials_per_gpu": 1,
     "space.activation_memory_budget_range": [0, 1.0],
     "space.removable_ops": ["aten.add"],
     "space.addable_ops": ["aten.mm", "prims.convert_element_type"],
@@ -83,6 +84,7 @@ MEANING: dict[str, tuple[Any, ...]] = {
     "max_mem": ("banana", "0", "-5GB", "0.9MiB", 120, "999999999999999999999PB", "", INF, NAN),
     "max_host_mem": ("banana", "0", "-5GB", "0.9MiB", 120, "", INF, NAN),
     "device": ("cuda:-1", "gpu", "cpu:0", ""),
+    "trials_per_gpu": (2,),  # several trials share a GPU: not on the CPU
     "study_name": ("../x", "/abs/path", ".hidden", "-x", "a b", "a/b", "x" * 201, "`x`", ""),
     "workload": ("",),
     "storage_url": ("",),

@@ -9,21 +9,19 @@ form (to and from its JSON), `pinned` the training job's (read, check the finger
 apply). Torch is imported only when a pin is applied.
 """
 
+from budgettune.pinning.advice import RESERVED_GAP_FRACTION, allocator_advice, phase_advice
 from budgettune.pinning.choose import (
-    RESERVED_GAP_FRACTION,
     SHARDING,
     Candidate,
     PinScope,
     ReferenceTrial,
     StalePinWarning,
-    allocator_advice,
     build_pin,
     check_pin_output,
     choose_pin,
     fits_limit,
     margin_violation_bytes,
     measured_violation_bytes,
-    phase_advice,
     qualified,
     reference_figures,
     write_pin,

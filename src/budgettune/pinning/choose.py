@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import BudgettuneError, UsageError
+from budgettune.pinning.advice import allocator_advice, phase_advice
 from budgettune.pinning.document import (
     SCHEMA_VERSION,
     MemorySplit,
@@ -24,7 +25,7 @@ from budgettune.pinning.document import (
 )
 from budgettune.trial.ranks import memory_split, per_rank_figures
 from budgettune.trial.results import Measurement, TrialResult, write_json_atomically
-from budgettune.trial.spec import EXPANDABLE, TrialSpec
+from budgettune.trial.spec import TrialSpec
 
 SHARDING = (
     "fsdp2 under torchrun, torchtitan order: block AC, per-block torch.compile(fullgraph=True), "
@@ -122,42 +123,6 @@ def measured_violation_bytes(
     if host_limit_bytes is not None and measurement.host_peak_bytes > host_limit_bytes:
         return max(device, float(measurement.host_peak_bytes - host_limit_bytes))
     return device
-
-
-#: The allocator's reserved peak above its allocated peak that is worth a word: past this
-#: fraction of the allocated peak, fragmentation decides whether a configuration fits.
-RESERVED_GAP_FRACTION = 0.15
-
-
-def allocator_advice(
-    *, peak_allocated_bytes: int, peak_reserved_bytes: int, mem_metric: str, alloc_conf: str
-) -> str:
-    """What to say when the binding peak is the allocator's reserve, far above what was used.
-
-    Only for the ``reserved`` and ``device`` metrics (the allocated peak has no such gap) and
-    only when expandable segments are not already on.
-    """
-    if mem_metric == "allocated" or EXPANDABLE in alloc_conf:
-        return ""
-    gap = peak_reserved_bytes - peak_allocated_bytes
-    if peak_allocated_bytes <= 0 or gap <= RESERVED_GAP_FRACTION * peak_allocated_bytes:
-        return ""
-    return (
-        f"the allocator reserved {gap / 1e9:.2f} GB above the {peak_allocated_bytes / 1e9:.2f} "
-        "GB allocated (fragmentation), and the limit is checked against that reserve; "
-        "cuda_alloc_conf=expandable_segments:True usually closes the gap (the search tries it "
-        "on CUDA: --alloc-confs default,expandable_segments:True)"
-    )
-
-
-def phase_advice(peak_phase: str | None) -> str:
-    """What to say when the peak sits in a phase recompute cannot lower."""
-    if peak_phase == "optimizer":
-        return (
-            "the peak is set in the optimizer step, which recompute cannot lower; "
-            "try the optimizer knob (optimizer_impl=fused or foreach)"
-        )
-    return ""
 
 
 def qualified(

@@ -139,6 +139,16 @@ def run_batch(
     return [[r for r in rs if r is not None] for rs in results]
 
 
+def cold_once(
+    jobs: Sequence[FreshJob], kept: Sequence[Sequence[TrialResult]]
+) -> list[FreshJob]:
+    """The jobs, each asking for a cold run only if none of its runs ``kept`` was one."""
+    return [
+        dataclasses.replace(job, cold=job.cold and not any(r.cold_caches for r in old))
+        for job, old in zip(jobs, kept, strict=True)
+    ]
+
+
 def launcher(timeout_s: float, servers: TrialServers | None = None) -> Launch:
     """`launch_trial` with the search's timeout and trial servers."""
 

@@ -33,7 +33,7 @@ from budgettune.errors import (
 )
 from budgettune.pinning import measured_violation_bytes
 from budgettune.search.crash_memory import remember_crashes
-from budgettune.search.fresh import FreshJob, launcher, run_batch, stored_runs
+from budgettune.search.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
 from budgettune.search.opening import (
     open_study,
@@ -350,14 +350,11 @@ class Searcher:
     def fresh_batch(
         self, jobs: Sequence[FreshJob], runs: int | None = None
     ) -> list[list[TrialResult]]:
-        """Measure each job ``runs`` times (default ``--reverify``) in fresh processes (over
-        every device of ``devices`` at once), each run stored as a ``reverify`` of its trial as
-        soon as it is in; numerics are checked against the study's reference where the job
-        asks.
-
-        Runs this study already stored for the same trial and configuration on the same GPU
-        model and torch version (a search cut off while re-verifying, resumed; an earlier
-        round) count: only the missing ones are measured."""
+        """Measure each job ``runs`` times (default ``--reverify``) in fresh processes, over
+        every device of ``devices`` at once, each run stored as a ``reverify`` of its trial as
+        soon as it is in (numerics checked where the job asks). Runs stored for the same trial
+        and configuration on the same GPU model and torch version (an earlier round, a search
+        cut off and resumed: `stored_runs`) count: only the missing ones are measured."""
         kept = stored_runs(self.store, self.search.study_name, jobs)
         wanted = self.search.reverify_runs if runs is None else runs
         reference = self.reference()
@@ -372,13 +369,8 @@ class Searcher:
         run = self.search.trial_run(self.search.base)
         for device in self.devices or (run.device,):  # servers import while the runs start
             warm_server(self.servers, dataclasses.replace(run, device=device))
-        # a job's cold run is needed once: a run kept from before may be it
-        jobs = [
-            dataclasses.replace(job, cold=job.cold and not any(r.cold_caches for r in old))
-            for job, old in zip(jobs, kept, strict=True)
-        ]
         fresh = run_batch(
-            jobs,
+            cold_once(jobs, kept),
             runs=[max(0, wanted - len(old)) for old in kept],
             make_run=self.search.trial_run,
             runs_dir=self.runs_dir,

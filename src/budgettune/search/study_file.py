@@ -127,6 +127,7 @@ _PASSED = (
     "sampler_seed",
     "nproc_per_node",
     "collective_timeout_s",
+    "trials_per_gpu",
 )
 """Study keys that are `SearchSpec` fields as they are (a key not given takes the field's
 default, declared once, in `SearchSpec`)."""

@@ -24,6 +24,7 @@ from budgettune.search.space import FIXABLE
 from budgettune.search.spec import (
     MAX_SEED,
     MAX_TIMEOUT_S,
+    MAX_TRIALS_PER_GPU,
     MEM_METRIC_CHOICES,
     SAMPLER_CHOICES,
     SEARCH_DEFAULTS,
@@ -148,7 +149,7 @@ class StudyTable(BaseModel):
     collective_timeout_s: Seconds | None = _key(
         "seconds a rank's collective may wait before it fails"
     )
-    trials_per_gpu: Positive | None = _key(
+    trials_per_gpu: Annotated[int, Field(ge=1, le=MAX_TRIALS_PER_GPU)] | None = _key(
         "trials run at once on each GPU (default 1): they take turns on it, so that only "
         "their compiles overlap (the GPU runs one trial's work at a time, and the others pause "
         "while one measures); a search is then about that many times faster where compiling "

@@ -93,6 +93,7 @@ class GpuTurns:
         self._member = self.members / str(self.group)
         self._member.write_text(_start_time(self.group) or "")
         self._callbacks: tuple[Any, Any] | None = None
+        self._alone = False
         if compile_apart:
             self._install_callbacks()
 
@@ -123,6 +124,8 @@ class GpuTurns:
         apart = _compile_triggers()
 
         def started(args: Any = None) -> None:
+            if self._alone:  # a recompile while measuring: keep the GPU, the window is its
+                return
             if apart is None or getattr(args, "callback_trigger", None) in apart:
                 self.give()
 
@@ -139,9 +142,11 @@ class GpuTurns:
         """Hold the GPU and pause the other trials sharing it while the body runs."""
         self.take()
         paused = self._pause_others() if os.environ.get(PAUSE_ENV, "1") != "0" else []
+        self._alone = True
         try:
             yield
         finally:
+            self._alone = False
             _resume(paused)
             self.paused_file.unlink(missing_ok=True)
 

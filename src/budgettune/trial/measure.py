@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import NonFiniteLossError
+from budgettune.errors import NonFiniteLossError, SharedGpuError
 from budgettune.trial.cpu_memory import profile_cpu_step
 from budgettune.trial.devices import process_used_bytes
 from budgettune.trial.results import PHASES, Measurement
@@ -295,18 +295,28 @@ def measure_cpu(
 # --------------------------------------------------------------------------- CUDA
 
 
-def non_pytorch_device_bytes(device: torch.device) -> int:
+def non_pytorch_device_bytes(device: torch.device, *, shared: bool = False) -> int:
     """Device memory of this process that PyTorch's allocator does not hold (context, libraries).
 
     Read at a quiet point: NVML's per-process figure when the driver gives it (not in some
     containers or under MIG), else the device-wide ``total - free`` (which counts other
     processes too), minus `memory_reserved`.
+
+    Raises:
+        SharedGpuError: ``shared`` (other trials hold memory on the GPU) and NVML gives no
+            per-process figure: the device-wide one would count theirs.
     """
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.synchronize(device)
     used = process_used_bytes(index)
+    if used is None and shared:
+        raise SharedGpuError(
+            "trials share this GPU (--trials-per-gpu), but NVML gives no per-process memory "
+            "figure here (a container or MIG), and the GPU-wide figure would count the other "
+            "trials' memory: run with --trials-per-gpu 1"
+        )
     if used is None:
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
@@ -322,18 +332,23 @@ def measure_cuda(
     """The CUDA recipe: allocator peaks per phase, NVML for the rest, CUDA events for time."""
     first = warm_up(step, spec, clock)
     with (alone or contextlib.nullcontext)():
-        return _measure_cuda_window(step, spec, clock, first)
+        return _measure_cuda_window(step, spec, clock, first, shared=alone is not None)
 
 
 def _measure_cuda_window(
-    step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None, first: FirstStep
+    step: PreparedStep,
+    spec: TrialSpec,
+    clock: PhaseClock | None,
+    first: FirstStep,
+    *,
+    shared: bool,
 ) -> Measurement:
     import torch
 
     device = step.device
     torch.cuda.synchronize(device)
     steady = torch.cuda.memory_allocated(device)
-    non_pytorch = non_pytorch_device_bytes(device)
+    non_pytorch = non_pytorch_device_bytes(device, shared=shared)
     phase_peaks: dict[str, int] = {}
     reserved_peak = 0
 
