@@ -48,8 +48,6 @@ def _sweep(source: str, options: dict[str, Any], names: tuple[str, ...]) -> dict
     for name in names:
         m, step = _measure(source, options, KNOBS[name])
         expected = ("use_cache=False",) if "ac" in name else ()
-        if source == "gpt2":  # GPT2LMHeadModel names no loss: its fallback breaks the graph
-            expected += ("loss_type=ForCausalLM",)
         assert step.model_changes == expected, name
         assert not step.model.config.use_cache if "ac" in name else True
         results[name] = m
@@ -169,8 +167,7 @@ def _cli_trial(tmp_path: Path, source: str, policy: str) -> dict[str, Any]:
 def test_cli_trial_block_ac_is_ok(tmp_path: Path, source: str, policy: str) -> None:
     result = _cli_trial(tmp_path, source, policy)
     assert result["outcome"] == "ok"
-    loss_type = ["loss_type=ForCausalLM"] if source == "gpt2" else []
-    assert result["model_changes"] == ["use_cache=False", *loss_type]
+    assert result["model_changes"] == ["use_cache=False"]
     log = Path(result["log_path"]).read_text()
     assert "set config.use_cache=False" in log
 
@@ -197,35 +194,3 @@ def test_a_task_the_family_lacks_is_one_line() -> None:
     assert "\n" not in message  # transformers' own message lists every config class below
     assert message.startswith("hf:gpt2: no seq2seq-lm model for GPT2Config: ")
 
-
-def test_a_model_that_names_no_loss_gets_the_fallback_set_once_one_graph() -> None:
-    """GPT-2's ``GPT2LMHeadModel`` names no loss: transformers 5 warns on every call and falls
-    back to the causal-LM loss, and the warning breaks the compiled graph in two. The trial
-    sets the fallback itself (recorded), the step compiles as one graph with the same loss,
-    and the pin's job makes the same change."""
-    from torch._dynamo.utils import counters
-
-    from budgettune.trial.hf_cache import LOSS_TYPE_SET, apply_model_changes, settle_loss_type
-
-    def first_step(settle: bool) -> tuple[float, int]:
-        torch._dynamo.reset()
-        counters.clear()
-        torch.manual_seed(0)
-        workload = load_workload("hf:gpt2", CPU, {**SHAPE, "seq_len": 16, "batch_size": 2})
-        workload.model.eval()  # no dropout: the two runs compute the same numbers
-        if settle:
-            assert settle_loss_type(workload.model) == (LOSS_TYPE_SET,)
-            assert settle_loss_type(workload.model) == ()  # set already
-        compiled = torch.compile(workload.model, backend=BACKEND)
-        loss = workload.loss(compiled, workload.batch)
-        return float(loss), sum(counters["graph_break"].values())
-
-    (plain, breaks), (settled, none) = first_step(False), first_step(True)
-    assert breaks > 0 and none == 0
-    assert settled == pytest.approx(plain, rel=1e-6)
-    # a model that names its loss, and the base model inside, are left as they are
-    llama = load_workload("hf:llama", CPU, {**SHAPE, "seq_len": 16})
-    assert settle_loss_type(llama.model) == ()
-    job = load_workload("hf:gpt2", CPU, {**SHAPE, "seq_len": 16})
-    assert apply_model_changes(job.model, [LOSS_TYPE_SET]) == (LOSS_TYPE_SET,)
-    assert job.model.loss_type == "ForCausalLM" and job.model.transformer.loss_type is None

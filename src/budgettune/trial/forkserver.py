@@ -78,17 +78,40 @@ def _preload(modules: Sequence[str]) -> list[str]:
 
 
 def cuda_touched() -> str:
-    """Why this process may not fork trials that use CUDA (empty: it may)."""
+    """Why this process may not fork trials that use CUDA (empty: it may).
+
+    Torch must not have started CUDA here. Its imports may load the CUDA driver library
+    (triton does, for one) without starting it; whether a fork can still start CUDA is then
+    tried: a probe child makes a context and says so.
+    """
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "torch initialised CUDA"
     try:
         with open("/proc/self/maps") as maps:
-            if any("libcuda.so" in line for line in maps):
-                return "the CUDA driver library is loaded"
+            loaded = any("libcuda.so" in line for line in maps)
     except OSError:
-        pass
+        loaded = False
+    if loaded and not _fork_can_start_cuda():
+        return "the CUDA driver is loaded and a forked probe could not start CUDA"
     return ""
+
+
+def _fork_can_start_cuda() -> bool:
+    """Whether a child forked now can make a CUDA context (on the first visible GPU)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            torch.zeros(1, device="cuda")
+            torch.cuda.synchronize()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _become_trial(request: Mapping[str, Any], server_pid: int) -> NoReturn:

@@ -17,14 +17,6 @@ builds a KV cache that nothing reads, and:
 does the same, on every `transformers` model inside the user's module, at any depth (a model held
 by the user's wrapper, or by an adapter library's). The change is recorded in the trial result
 and the pin (`USE_CACHE_OFF`), and `apply_model_changes` makes it again in the job.
-
-A `transformers` 5 model whose class name names no loss (GPT-2's ``GPT2LMHeadModel``) has no
-``loss_type``; every call of its ``loss_function`` then logs a warning (once) and falls back to
-the causal-LM loss. Under ``torch.compile`` that log call is a graph break: the step compiles as
-two graphs, not one (a 24-layer GPT-2's first step took 19.3 s on CPU, 12.8 s with the loss
-type set; same peak, loss and gradient norm; issue 44), and the partitioner sees two graphs.
-`settle_loss_type` sets the loss type transformers falls back to, so the step is one graph;
-the change is recorded (`LOSS_TYPE_SET`) and made again in the job like the cache's.
 `transformers` is never imported here: a model is recognised only if the process imported it.
 """
 
@@ -44,11 +36,7 @@ log = logging.getLogger(__name__)
 
 USE_CACHE_OFF = "use_cache=False"
 """The model change recorded in the trial result and the pin."""
-FALLBACK_LOSS_TYPE = "ForCausalLM"
-"""The loss `transformers` 5 falls back to when a model's ``loss_type`` names none."""
-LOSS_TYPE_SET = f"loss_type={FALLBACK_LOSS_TYPE}"
-"""The model change recorded when `settle_loss_type` set a model's loss type."""
-KNOWN_MODEL_CHANGES = (USE_CACHE_OFF, LOSS_TYPE_SET)
+KNOWN_MODEL_CHANGES = (USE_CACHE_OFF,)
 """Every model change a trial can record, each of which `apply_model_changes` can make."""
 
 
@@ -112,48 +100,6 @@ def turn_off_kv_cache(model: nn.Module) -> tuple[str, ...]:
     return (USE_CACHE_OFF,)
 
 
-def settle_loss_type(model: nn.Module) -> tuple[str, ...]:
-    """Give every outermost `transformers` 5 model inside ``model`` (the one that computes
-    the loss) whose ``loss_type`` names no loss the one its ``loss_function`` falls back to
-    (`FALLBACK_LOSS_TYPE`): the same loss, without the warning that breaks the compiled
-    graph in two.
-
-    Returns:
-        ``("loss_type=ForCausalLM",)`` when a model's loss type was set, else ``()`` (none
-        lacked one, a loss function of the model's own is set, or transformers is older: its
-        fallback reads other fields).
-    """
-    transformers = sys.modules.get("transformers")
-    version = str(getattr(transformers, "__version__", "0"))
-    loss_utils = sys.modules.get("transformers.loss.loss_utils")
-    mapping = getattr(loss_utils, "LOSS_MAPPING", None)
-    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 5:
-        return ()
-    if not isinstance(mapping, dict) or FALLBACK_LOSS_TYPE not in mapping:
-        return ()
-    models = transformers_models(model)
-    inner = {id(sub) for found in models for sub in found.modules() if sub is not found}
-    changed = []
-    for found in models:
-        if id(found) in inner:  # a base model inside another computes no loss
-            continue
-        if "_loss_function" in vars(found) or not hasattr(found, "loss_type"):
-            continue
-        if found.loss_type in mapping:
-            continue
-        setattr(found, "loss_type", FALLBACK_LOSS_TYPE)  # noqa: B010 - an nn.Module attribute
-        changed.append(type(found).__name__)
-    if not changed:
-        return ()
-    log.info(
-        "%s: set loss_type=%s, the loss transformers falls back to (its warning on every call "
-        "breaks the compiled graph in two)",
-        ", ".join(sorted(set(changed))),
-        FALLBACK_LOSS_TYPE,
-    )
-    return (LOSS_TYPE_SET,)
-
-
 def apply_model_changes(model: nn.Module, changes: Sequence[str]) -> tuple[str, ...]:
     """Make the model changes a trial recorded (a pin's ``model_changes``) on the job's model.
 
@@ -172,6 +118,4 @@ def apply_model_changes(model: nn.Module, changes: Sequence[str]) -> tuple[str, 
     made: tuple[str, ...] = ()
     if USE_CACHE_OFF in changes:
         made += turn_off_kv_cache(model)
-    if LOSS_TYPE_SET in changes:
-        made += settle_loss_type(model)
     return made

@@ -22,7 +22,7 @@ from budgettune.errors import SpecError
 from budgettune.trial.block_ac import apply_block_ac, is_checkpointed
 from budgettune.trial.block_compile import compile_forwards
 from budgettune.trial.environment import prepare_process_environment  # noqa: F401 - re-exported
-from budgettune.trial.hf_cache import apply_model_changes, settle_loss_type, turn_off_kv_cache
+from budgettune.trial.hf_cache import apply_model_changes, turn_off_kv_cache
 from budgettune.trial.offload import ActivationOffload, apply_block_offload
 from budgettune.trial.optimizers import build_optimizer, rebuild_optimizer  # noqa: F401 - re-exported
 from budgettune.trial.partitioner import (  # noqa: F401 - re-exported
@@ -132,8 +132,6 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
     model_changes, offload = apply_to_blocks(
         model, spec, workload.blocks, device.type, how="Workload(blocks=model.layers)"
     )
-    if spec.is_compiled:  # one graph, not two: recorded, and made again by the pin
-        model_changes += settle_loss_type(model)
     optimizer = build_optimizer(workload, spec, model.parameters())
     compiled = model if offload is not None else compile_model(model, spec)
     return PreparedStep(
