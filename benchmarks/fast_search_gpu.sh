@@ -10,10 +10,10 @@
 # on GPU 0 (CUDA_VISIBLE_DEVICES=0; one GPU is what the issue times):
 #   check         benchmarks.fast_search check (trial server on CUDA, NVML per process, ...)
 #   l1-before     studies/llama-1b.toml at L1 (19.015 GB, 2 % margin), 20 trials, old code
-#   l1-after      the same, this code, --trials-per-gpu 3
+#   l1-after      the same, this code, --trials-per-gpu $TRIALS_PER_GPU (default 3)
 #   gpt2m-before  GPT-2 medium (hf:gpt2, 24 x 1024, batch 8 x 1024) under grid30's 10.521 GB,
 #                 20 trials, old code
-#   gpt2m-after   the same, this code, --trials-per-gpu 3
+#   gpt2m-after   the same, this code, --trials-per-gpu $TRIALS_PER_GPU (default 3)
 #   vs-l1 / vs-gpt2m   the after pin against the before pin (or, without one, grid30's seed-0
 #                 pin), 3 rounds (benchmarks.fast_search versus)
 #   job-l1 / job-gpt2m  benchmarks/pin_in_job.py on the after pin, cold compile caches
@@ -54,7 +54,7 @@ search() {  # $1: name, $2: before|after, then the search's arguments
     local name=$1 code=$2 start
     shift 2
     local extra=()
-    [ "$code" = after ] && extra=(--trials-per-gpu 3)
+    [ "$code" = after ] && extra=(--trials-per-gpu "${TRIALS_PER_GPU:-3}")
     local path=$PYTHONPATH
     [ "$code" = before ] && path=/tmp/site-before:$PYTHONPATH
     echo "== $name: $(date -u +%FT%TZ)"
