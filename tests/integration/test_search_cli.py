@@ -150,6 +150,17 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     shown = _invoke("show", "--storage", db)
     assert shown.exit_code == 0, shown.output
     assert "Pareto" in shown.stdout and "[unconstrained]" in shown.stdout
+    # issue 44: where the study's time went, every process by phase (in each trial's attrs too)
+    table = _invoke("show", "--storage", db, "--phases")
+    assert table.exit_code == 0, table.output
+    assert "processes" in table.stdout and "compile" in table.stdout
+    runs = json.loads(_invoke("show", "--storage", db, "--phases", "--json").stdout)["runs"]
+    assert {r["kind"] for r in runs} == {"trial", "reverify"}
+    assert all(r["phases_s"]["compile"] > 0 for r in runs if r["outcome"] == "ok")
+    assert all(
+        sum(r["phases_s"].values()) == pytest.approx(r["wall_s"], abs=0.01) for r in runs
+    )
+    assert set(trials[0].user_attrs["phases_s"]) >= {"start", "imports", "compile", "exit"}
     exported = _invoke("export", "--storage", db, "--output", str(tmp_path / "exported.json"))
     assert exported.exit_code == 0, exported.output
     assert json.loads((tmp_path / "exported.json").read_text())["schema_version"] == 1

@@ -143,3 +143,20 @@ def test_a_committed_revision_0002_study_upgrades_and_reads_without_host_figures
         assert runs and all(r.host_peak_bytes is None for r in runs)
         measured = [r.measurement() for r in runs if r.has_measurement]
         assert measured and all(m.host_peak_bytes == 0 for m in measured if m is not None)
+
+
+def test_a_committed_revision_0003_study_upgrades_and_reads_without_phases(
+    tmp_path: Path,
+) -> None:
+    """Migration 0004 (issue 44's process phases and cold starts) on a real study before it."""
+    source = Path(__file__).parents[2] / "benchmarks/results/grid30/grid30-gpt2m-s2.db"
+    db = tmp_path / "study.db"
+    shutil.copyfile(source, db)
+    with pytest.raises(SchemaBehindError, match="budgettune db upgrade"):
+        open_storage(str(db))
+    assert upgrade(str(db)) == ("0003", HEAD_REVISION)
+    with open_storage(str(db), create=False) as storage:
+        runs = storage.measurements("grid30-gpt2m-s2")
+        assert len(runs) == 27  # 12 trials and 15 re-measurements, as the issue counted
+        assert all(r.phases_s == {} and not r.cold_caches for r in runs)
+        assert sum(r.wall_s for r in runs) == pytest.approx(992.2, abs=0.1)

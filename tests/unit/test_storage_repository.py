@@ -67,6 +67,20 @@ def test_measurement_round_trip_gives_back_the_trial_result(storage: Storage) ->
     assert stored.to_result() == result
 
 
+def test_a_runs_phases_and_cold_start_are_stored_and_read_back(storage: Storage) -> None:
+    """Revision 0004 (issue 44): where a run's time went, and whether its caches were empty."""
+    phases = {"start": 0.1, "imports": 4.2, "compile": 50.0, "measure": 0.4, "exit": 0.2}
+    result = ok_result().replace(phases_s=phases, cold_caches=True)
+    storage.record_measurement(
+        study_name="s", trial_number=1, kind="reverify", workload_digest=None, spec=SPEC,
+        result=result,
+    )  # fmt: skip
+    [stored] = storage.measurements("s")
+    assert stored.phases_s == phases and stored.cold_caches
+    back = stored.to_result()
+    assert back.phases_s == phases and back.cold_caches and list(back.phases_s) == list(phases)
+
+
 def test_failed_runs_and_kinds(storage: Storage) -> None:
     storage.record_measurement(
         study_name="s",
