@@ -58,7 +58,7 @@ def check(out: Path, runs_dir: Path) -> int:
         device="cuda",
         cache_root=str(runs_dir / "cache"),
     )
-    with TrialServers(log_dir=runs_dir / "servers") as servers:
+    with TrialServers(log_dir=runs_dir / "servers", ready_wait_s=600) as servers:
         served = [
             launch_trial(run, run_dir=runs_dir / f"served-{i}", servers=servers) for i in (0, 1)
         ]
@@ -100,7 +100,9 @@ def versus(pins: Sequence[Path], *, rounds: int, out: Path, runs_dir: Path) -> i
             )
         )
     times: dict[str, list[float]] = {str(p): [] for p in pins}
-    with TrialServers(log_dir=runs_dir / "servers") as servers, out.open("a") as lines:
+    with TrialServers(log_dir=runs_dir / "servers", ready_wait_s=600) as servers, out.open(
+        "a"
+    ) as lines:
         for round_ in range(rounds):
             for index, (path, run) in enumerate(zip(pins, runs, strict=True)):
                 folder = runs_dir / f"round-{round_}-pin-{index}"

@@ -25,7 +25,9 @@ FAST = TrialSpec(compile_backend="aot_eager_decomp_partition", warmup_steps=1, t
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrialServers]:
     pool = TrialServers(
-        preload=("budgettune.workloads.tiny_gpt",), log_dir=tmp_path_factory.mktemp("servers")
+        preload=("budgettune.workloads.tiny_gpt",),
+        log_dir=tmp_path_factory.mktemp("servers"),
+        ready_wait_s=300,
     )
     yield pool
     pool.close()
@@ -154,8 +156,15 @@ def test_variables_torch_reads_late_do_not_split_servers() -> None:
 
 
 def test_a_closed_pool_leaves_no_server_and_a_disabled_one_spawns(tmp_path: Path) -> None:
+    # a search's pool waits for no server: the first trial starts as a new process while the
+    # server imports, and a later trial is forked from it
     pool = TrialServers()
-    served = _run(tmp_path / "a", f"{FIXTURES}:raises", pool)
+    first = _run(tmp_path / "first", f"{FIXTURES}:raises", pool)
+    assert _server_of(first) is None and "bad hidden size" in first.error
+    deadline, served = time.monotonic() + 120, first
+    while _server_of(served) is None and time.monotonic() < deadline:
+        time.sleep(1)
+        served = _run(tmp_path / "a", f"{FIXTURES}:raises", pool)
     pid = _server_of(served)
     assert pid is not None
     pool.disable("told to")

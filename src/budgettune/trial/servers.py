@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,8 +48,6 @@ LATE_ENV = frozenset(
     }
 )
 """Variables a served trial may have that its server was not started with."""
-READY_TIMEOUT_S = 600.0
-"""How long a server may take to import before the pool gives up on it."""
 REPLY_TIMEOUT_S = 60.0
 """How long a server may take to answer a request (fork, reap)."""
 
@@ -98,7 +97,26 @@ class _Server:
     def __init__(self, process: subprocess.Popen[bytes], key: frozenset[tuple[str, str]]) -> None:
         self.process = process
         self.key = key
+        self.ready = False
         self._buffer = b""
+
+    def poll_ready(self, timeout_s: float) -> bool:
+        """Whether it has said it is ready (waiting up to ``timeout_s`` for it to say so).
+
+        Raises:
+            ServerGone: it exited, or said it cannot serve (its reason is the message).
+        """
+        if self.ready:
+            return True
+        message = self.receive(timeout_s)
+        if message is None:
+            return False
+        if not message.get("ready"):
+            raise ServerGone(str(message.get("error", message)))
+        self.ready = True
+        pid, imports_s = self.process.pid, message.get("imports_s", 0.0)
+        logger.info("trial server %s ready (imports %.1f s)", pid, imports_s)
+        return True
 
     def send(self, message: Mapping[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -206,15 +224,19 @@ class TrialServers:
         *,
         preload: Sequence[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
+        ready_wait_s: float = 0.0,
     ) -> None:
         """A pool with no server yet.
 
         Args:
             preload: modules the servers import besides torch's compiler
                 (`budgettune.workload.preload_modules`).
-            log_dir: where each server's own output goes (``server-PID.log``); None: nowhere.
+            log_dir: where each server's own output goes (``server-N.log``); None: nowhere.
+            ready_wait_s: how long a trial waits for a server that is still importing
+                (0: it starts as a new process instead, and a later trial takes the server).
         """
         self.preload = tuple(preload)
+        self.ready_wait_s = ready_wait_s
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.disabled = ""
         """Why the pool serves no more trials (empty: it does)."""
@@ -271,28 +293,35 @@ class TrialServers:
         return future
 
     def _take(self, env: Mapping[str, str]) -> _Server | None:
+        """An idle ready server for ``env``: one is started when there is none, and a trial
+        that finds none ready within ``ready_wait_s`` gets None (it starts a new process)."""
         key = _key(env)
         with self._lock:
             if self.disabled:
                 return None
-            waiting = self._idle.get(key) or []
-            entry = waiting.pop() if waiting else self._request_start(env)
-        if isinstance(entry, _Server):
-            return entry
+            waiting = self._idle.setdefault(key, [])
+            ready = [e for e in waiting if isinstance(e, _Server) and e.ready]
+            entry = ready[-1] if ready else waiting[-1] if waiting else None
+            if entry is None:
+                entry = self._request_start(env)
+            else:
+                waiting.remove(entry)
+        server: _Server | None = None
         try:
-            server = entry.result()
-            ready = server.receive(READY_TIMEOUT_S)
+            server = entry if isinstance(entry, _Server) else entry.result(self.ready_wait_s)
+            if server.poll_ready(self.ready_wait_s):
+                return server
+            entry = server
+        except FutureTimeout:
+            pass
         except (ServerGone, OSError) as exc:
-            self.disable(f"a trial server did not start ({exc})")
+            if server is not None:
+                server.stop()
+            self.disable(f"a trial server did not start: {exc}")
             return None
-        if ready is None or not ready.get("ready"):
-            server.stop()
-            said = "no answer" if ready is None else ready.get("error", ready)
-            self.disable(f"a trial server did not start: {said}")
-            return None
-        pid, imports_s = server.process.pid, ready.get("imports_s", 0.0)
-        logger.info("trial server %s ready (imports %.1f s)", pid, imports_s)
-        return server
+        with self._lock:  # still importing: a later trial takes it
+            self._idle.setdefault(key, []).append(entry)
+        return None
 
     def _release(self, server: _Server, healthy: bool) -> None:
         with self._lock:
