@@ -60,9 +60,11 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     assert json.loads(result.stdout) == pin  # --json: only the document on stdout
     assert pin["schema_version"] == 1
     assert pin["limit_bytes"] == 125_000_000
-    # --top-k 1: the one candidate stands alone after one fresh run (issue 44: rounds sized by
-    # the noise), and that run started with empty compile caches, as a fresh host's job does
-    assert (pin["measured"]["runs"], pin["measured"]["cold_runs"]) == (1, 1)
+    # --top-k 1: the one candidate stands alone; it takes one fresh run when the runs are
+    # quiet, both rounds on a noisy CPU host (issue 44: rounds sized by the noise), and one
+    # of its runs started with empty compile caches, as a fresh host's job does
+    runs = pin["measured"]["runs"]
+    assert runs in (1, 2) and pin["measured"]["cold_runs"] == 1
     assert pin["measured"]["peak_worst_bytes"] <= 125_000_000
     baseline = pin["baseline"]
     assert baseline["peak_bytes"] > 125_000_000  # the limit really constrains
@@ -71,7 +73,7 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     )
     # the baseline is re-measured as often as the pin (it is over the limit, so it is no
     # candidate): its step time is the median of those runs, the trial's figure kept beside
-    assert baseline["runs"] == 1 and baseline["trial_step_time_ms"] > 0
+    assert baseline["runs"] == runs and baseline["trial_step_time_ms"] > 0
     assert pin["fingerprint"]["workload"]["param_count"] > 0
     trials = _trials(db, "s1")
     assert len(trials) == 3
@@ -102,12 +104,12 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
             ).fetchall()
         )
     assert kinds["trial"] == 3 and pins == 1
-    # re-measured as often as the pin, once each: the candidate, the unconstrained baseline
-    # (trial 0) and, as that baseline is over the limit, full block AC (trial 1), the
-    # reference the slowdown is told against (its runs are shared when it is the candidate)
-    assert pin["baseline_status"] == "over_limit" and pin["full_ac"]["runs"] == 1
+    # re-measured as often as the pin: the candidate, the unconstrained baseline (trial 0)
+    # and, as that baseline is over the limit, full block AC (trial 1), the reference the
+    # slowdown is told against (its runs are shared when it is the candidate)
+    assert pin["baseline_status"] == "over_limit" and pin["full_ac"]["runs"] == runs
     assert sum(per_trial.values()) == kinds["reverify"]
-    assert set(per_trial.values()) == {1}
+    assert set(per_trial.values()) == {runs}
     assert {0, 1, pin["trial_number"]} == set(per_trial)
 
     # running it again adds trials to the same study

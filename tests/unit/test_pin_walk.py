@@ -135,6 +135,15 @@ def test_candidates_within_the_noise_get_more_rounds_until_the_leader_stands_alo
     assert [len(searcher.runs[n]) for n in (0, 1)] == [3, 3]
 
 
+def test_a_lone_leader_on_noisy_runs_takes_every_round() -> None:
+    # trial 0 ran 10 ms in its trial and 13 ms fresh (30 %: a busy CPU host): no second
+    # candidate to separate, but one run that far off is no figure to pin; so 3 rounds
+    searcher = _Searcher(peaks={0: 90}, times={0: 13.0})
+    found = reverify_until_one_fits(searcher, _candidates(1))  # type: ignore[arg-type]
+    assert found is not None and len(found[0][1]) == 3
+    assert searcher.batches == [[0], [0], [0]]
+
+
 def test_the_noise_is_read_from_the_runs() -> None:
     from budgettune.search.reverify import MIN_NOISE, contenders, noise_of
 

@@ -3,8 +3,8 @@ in fresh processes, in rounds, until one is ahead of the rest by more than the n
 
 Round 1 measures each of the ``--top-k`` fastest fitting candidates once (in parallel over the
 search's GPU slots). A later round re-measures only the leader and the candidates within
-twice the noise of it (`contenders`); the rounds stop when the leader stands alone or after
-``--reverify-runs`` of them. The noise is read from the runs themselves (`noise_of`): how far
+twice the noise of it (`contenders`); the rounds stop when the leader stands alone and the
+noise is small (`SETTLED_NOISE`), or after ``--reverify-runs`` of them. The noise is read from the runs themselves (`noise_of`): how far
 a configuration's fresh runs fall from its trial and from each other, at least `MIN_NOISE`.
 A clear leader is thus pinned on one fresh run, two candidates within 1 % on up to
 ``--reverify-runs`` each (issue 44: three runs of every candidate were half a search's wall).
@@ -32,6 +32,10 @@ MAX_CANDIDATES = 8
 before the search gives up with exit 3."""
 MIN_NOISE = 0.005
 """The least relative step-time noise assumed between two fresh processes (0.5 %)."""
+SETTLED_NOISE = 0.03
+"""A leader standing alone is pinned once the noise is at most this (3 %): noisier runs (a
+busy CPU host: 28 % between a trial and its fresh run was seen) take every round, so that the
+pin's figures are medians, not one lucky or unlucky run."""
 
 Reverified = dict[int, list[TrialResult]]
 
@@ -108,8 +112,9 @@ def _rounds(
         for candidate, runs in zip(pool, searcher.fresh_batch(jobs, runs=round_), strict=True):
             reverified[candidate.trial_number] = runs
         ranked = _ranked(searcher, tried, reverified)
-        pool = [c for c in contenders(ranked, noise_of(tried, reverified)) if c in batch]
-        if len(pool) <= 1:
+        noise = noise_of(tried, reverified)
+        pool = [c for c in contenders(ranked, noise) if c in batch]
+        if not pool or (len(pool) == 1 and noise <= SETTLED_NOISE):
             return
 
 
