@@ -4,9 +4,10 @@ in fresh processes, in rounds, until one is ahead of the rest by more than the n
 Round 1 measures each of the ``--top-k`` fastest fitting candidates once (in parallel over the
 search's GPU slots). A later round re-measures only the leader and the candidates within
 twice the noise of it (`contenders`); the rounds stop when the leader stands alone and the
-noise is small (`SETTLED_NOISE`), or after ``--reverify-runs`` of them. The noise is read from the runs themselves (`noise_of`): how far
-a configuration's fresh runs fall from its trial and from each other, at least `MIN_NOISE`.
-A clear leader is thus pinned on one fresh run, two candidates within 1 % on up to
+noise is small (`SETTLED_NOISE`), or after ``--reverify-runs`` of them. The noise is read
+from the runs themselves (`noise_of`): how far a configuration's fresh runs fall from its
+trial and from each other, at least `MIN_NOISE`. A clear leader on quiet runs is thus
+pinned on one fresh run, two candidates within 1 % on up to
 ``--reverify-runs`` each (issue 44: three runs of every candidate were half a search's wall).
 
 The pin must state what a job on a fresh host peaks at, compile caches empty (on a cold cache
