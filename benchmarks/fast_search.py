@@ -137,13 +137,15 @@ def phases(storage: str, study: str | None) -> int:
     """The phase table of a kept study database (`budgettune show --phases`)."""
     from rich.console import Console
 
-    from budgettune.present.phases import phase_of, phase_table
+    from budgettune.present.phases import phase_of, phase_summary, phase_table
     from budgettune.present.report import resolve_study_name
 
     with kept_storage(storage) as store:
         name = resolve_study_name(store, study)
         rows = [phase_of(run) for run in store.measurements(name)]
-    Console(width=140).print(phase_table(rows, title=f"where study {name}'s time went"))
+    console = Console(width=140)
+    console.print(phase_table(rows, title=f"where study {name}'s time went, process by process"))
+    console.print(phase_summary(rows, title=f"where study {name}'s time went"))
     return 0
 
 

@@ -155,7 +155,7 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     # issue 44: where the study's time went, every process by phase (in each trial's attrs too)
     table = _invoke("show", "--storage", db, "--phases")
     assert table.exit_code == 0, table.output
-    assert "processes" in table.stdout and "compile" in table.stdout
+    assert "processes" in table.stdout and "compile" in table.stdout and "share" in table.stdout
     runs = json.loads(_invoke("show", "--storage", db, "--phases", "--json").stdout)["runs"]
     assert {r["kind"] for r in runs} == {"trial", "reverify"}
     assert all(r["phases_s"]["compile"] > 0 for r in runs if r["outcome"] == "ok")

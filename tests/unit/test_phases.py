@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from budgettune.present.phases import UNSPLIT, PhaseRow, phase_of, phase_table, totals
+from budgettune.present.phases import (
+    UNSPLIT,
+    PhaseRow,
+    phase_of,
+    phase_summary,
+    phase_table,
+    totals,
+)
 from budgettune.trial.phases import (
     PHASES,
     PhaseClock,
@@ -83,7 +90,12 @@ def test_the_phase_table_totals_each_kind_and_splits_old_runs() -> None:
     console = Console(width=120, record=True)
     console.print(phase_table(rows, title="t"))
     text = console.export_text()
-    assert "reverify 0 (oom)" in text and "2 processes" in text and "60 %" in text
+    assert "reverify 0 (oom)" in text and "2 processes" in text and "60%" in text
+    narrow = Console(width=80, record=True)  # what `show --phases` prints fits a terminal
+    narrow.print(phase_summary(rows, title="t"))
+    summary = narrow.export_text()
+    assert "…" not in summary and "1 trial s" in summary and "2 processes s" in summary
+    assert "compile" in summary and "60 %" in summary and "100 %" in summary
 
 
 def test_an_old_run_counts_its_first_step_as_compile_and_the_rest_unsplit() -> None:

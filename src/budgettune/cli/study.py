@@ -32,9 +32,10 @@ def show(
         bool,
         typer.Option(
             "--phases",
-            help="Show where the study's time went instead: every process it ran (trials, "
-            "re-verifications, verifies) by phase (start, imports, CUDA init, build, prepare, "
-            "compile, warm-up, GPU wait, measure, result, exit), with totals.",
+            help="Show where the study's time went instead: the seconds its processes (trials, "
+            "re-verifications, verifies) spent in each phase (start, imports, CUDA init, build, "
+            "prepare, compile, warm-up, GPU wait, measure, result, exit); with --json, every "
+            "process's.",
         ),
     ] = False,
 ) -> None:
@@ -45,13 +46,14 @@ def show(
     from budgettune.present.tables import pin_table, study_tables
 
     if phases:
-        from budgettune.present.phases import phase_table, study_phases
+        from budgettune.present.phases import phase_summary, study_phases
 
         name, rows = study_phases(storage, study)
         if as_json:
             print_json({"study_name": name, "runs": [dataclasses.asdict(r) for r in rows]})
         else:
-            stdout.print(phase_table(rows, title=f"where study {name}'s time went"))
+            stdout.print(phase_summary(rows, title=f"where study {name}'s time went"))
+            stdout.print("each process's phases: budgettune show --phases --json", highlight=False)
         return
 
     report = study_report(storage, study)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rich import box
 from rich.table import Table
 
 from budgettune.storage.records import StoredMeasurement
@@ -69,15 +70,15 @@ def phase_table(rows: Sequence[PhaseRow], *, title: str) -> Table:
     time still counts it), so the table fits a terminal."""
     summed_all = totals(rows)
     columns = [c for c, seconds in summed_all.items() if seconds >= 0.05]
-    table = Table(title=title)
-    table.add_column("run", no_wrap=True)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table.add_column("run", no_wrap=True, min_width=len(f"{len(rows)} processes"))
     for header in ("wall s", *columns):
-        table.add_column(header, justify="right")
+        table.add_column(header.replace("_", " "), justify="right", no_wrap=True)
     for row in rows:
         name = row.kind if row.trial_number is None else f"{row.kind} {row.trial_number}"
         if row.outcome != "ok":
             name += f" ({row.outcome})"
-        table.add_row(name, f"{row.wall_s:.1f}", *(_cell(row.phases_s.get(c)) for c in columns))
+        table.add_row(name, _cell(row.wall_s), *(_cell(row.phases_s.get(c)) for c in columns))
     whole = sum(r.wall_s for r in rows)
     kinds = list(dict.fromkeys(r.kind for r in rows))
     for index, kind in enumerate(kinds):
@@ -85,22 +86,50 @@ def phase_table(rows: Sequence[PhaseRow], *, title: str) -> Table:
         summed = totals(group)
         table.add_row(
             f"{len(group)} {kind}",
-            f"{sum(r.wall_s for r in group):.1f}",
+            _cell(sum(r.wall_s for r in group)),
             *(_cell(summed.get(c)) for c in columns),
             end_section=index == len(kinds) - 1,
         )
     table.add_row(
-        f"{len(rows)} processes", f"{whole:.1f}", *(_cell(summed_all.get(c)) for c in columns)
+        f"{len(rows)} processes", _cell(whole), *(_cell(summed_all.get(c)) for c in columns)
     )
     if whole > 0:
         table.add_row(
-            "share", "100 %", *(f"{100 * summed_all.get(c, 0.0) / whole:.0f} %" for c in columns)
+            "share", "100%", *(f"{100 * summed_all.get(c, 0.0) / whole:.0f}%" for c in columns)
         )
     return table
 
 
+def phase_summary(rows: Sequence[PhaseRow], *, title: str) -> Table:
+    """Seconds by phase (rows) for each kind of process and for all, with each phase's share
+    of the whole: `phase_table` summed, narrow enough for any terminal."""
+    kinds = list(dict.fromkeys(r.kind for r in rows))
+    by_kind = {kind: totals([r for r in rows if r.kind == kind]) for kind in kinds}
+    summed = totals(rows)
+    whole = sum(r.wall_s for r in rows)
+    table = Table(title=title)
+    table.add_column("phase", no_wrap=True)
+    for kind in kinds:
+        table.add_column(f"{sum(r.kind == kind for r in rows)} {kind} s", justify="right")
+    table.add_column(f"{len(rows)} processes s", justify="right")
+    table.add_column("share", justify="right")
+    for column, seconds in summed.items():
+        table.add_row(
+            column.replace("_", " "),
+            *(_cell(by_kind[kind].get(column)) for kind in kinds),
+            _cell(seconds),
+            f"{100 * seconds / whole:.0f} %" if whole > 0 else "",
+        )
+    walls = [_cell(sum(r.wall_s for r in rows if r.kind == kind)) for kind in kinds]
+    table.add_section()
+    table.add_row("wall", *walls, _cell(whole), "100 %" if whole > 0 else "")
+    return table
+
+
 def _cell(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds:.1f}"
+    if seconds is None:
+        return ""
+    return f"{seconds:.0f}" if seconds >= 100 else f"{seconds:.1f}"
 
 
 def study_phases(storage_url: str | None, study_name: str | None) -> tuple[str, list[PhaseRow]]:
