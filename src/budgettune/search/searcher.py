@@ -14,7 +14,6 @@ retry does): it excludes nothing. It never prints: progress goes to a callback t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
@@ -69,7 +68,7 @@ from budgettune.storage.user_attrs import (
     WORKER_ATTR,
     result_attrs,
 )
-from budgettune.trial.launcher import launch_trial, trial_servers, warm_server
+from budgettune.trial.launcher import launch_trial, trial_servers
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -118,7 +117,8 @@ class Searcher:
         """The number of the trial this process is running, while it runs."""
         self.devices = tuple(devices)
         self.servers = trial_servers(search.trial_run(search.base), self.runs_dir / "servers")
-        """Pre-imported trial servers the trials and fresh runs of this process fork from."""
+        """Pre-imported trial servers the trials and fresh runs of this process fork from
+        (the first trial of an environment starts one, and forks from it once it is ready)."""
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
         try:
@@ -289,7 +289,6 @@ class Searcher:
             StorageError: the database went away (finished trials stay stored).
         """
         self.check_steady()
-        warm_server(self.servers, self.search.trial_run(self.search.base))
         while max_trials is None or self.done < max_trials:
             self.claim.acquire()
             try:
@@ -366,9 +365,6 @@ class Searcher:
             self._store(job.number, "reverify", job.spec, result)
             return result
 
-        run = self.search.trial_run(self.search.base)
-        for device in self.devices or (run.device,):  # servers import while the runs start
-            warm_server(self.servers, dataclasses.replace(run, device=device))
         fresh = run_batch(
             cold_once(jobs, kept),
             runs=[max(0, wanted - len(old)) for old in kept],

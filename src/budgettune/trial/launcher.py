@@ -275,20 +275,11 @@ comparison, or to rule the servers out when a trial misbehaves."""
 
 def trial_servers(run: TrialRun, log_dir: str | os.PathLike[str]) -> TrialServers | None:
     """Trial servers for the one-rank trials of a search or a verify of ``run``'s workload
-    (none started yet: `warm_server`, or the first trial, starts one); None for sharded
+    (none started yet: the first trial of an environment starts one); None for sharded
     trials or when `TRIAL_SERVER_ENV` is ``0``. The caller closes them."""
     if run.nproc_per_node > 1 or os.environ.get(TRIAL_SERVER_ENV, "1") == "0":
         return None
     return TrialServers(preload=preload_modules(run.workload), log_dir=log_dir)
-
-
-def warm_server(servers: TrialServers | None, run: TrialRun) -> None:
-    """Start a server for ``run``'s environment now, if the pool has none (it imports while
-    the caller goes on)."""
-    if servers is None or run.nproc_per_node > 1:
-        return
-    _, device_env = visible_device_env(run.device)
-    servers.warm(child_env(run, device_env, None))
 
 
 def child_env(

@@ -279,14 +279,6 @@ class TrialServers:
         return server
 
     # -- taking and giving back --------------------------------------------------------------
-    def warm(self, env: Mapping[str, str]) -> None:
-        """Start a server for ``env`` now (it imports while the caller does other work)."""
-        key = _key(env)
-        with self._lock:
-            if self.disabled or self._idle.get(key):
-                return
-            self._idle.setdefault(key, []).append(self._request_start(env))
-
     def _request_start(self, env: Mapping[str, str]) -> Future[_Server]:
         future: Future[_Server] = Future()
         self._starts.put(({k: v for k, v in env.items() if k not in LATE_ENV}, future))
