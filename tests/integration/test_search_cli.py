@@ -61,10 +61,11 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     assert pin["schema_version"] == 1
     assert pin["limit_bytes"] == 125_000_000
     # --top-k 1: the one candidate stands alone; it takes one fresh run when the runs are
-    # quiet, both rounds on a noisy CPU host (issue 44: rounds sized by the noise), and one
-    # of its runs started with empty compile caches, as a fresh host's job does
+    # quiet, both rounds on a noisy CPU host (issue 44: rounds sized by the noise), and at
+    # least its first run started with empty compile caches, as a fresh host's job does (a
+    # later one may too: aot_eager writes no inductor cache, so a shared folder stays empty)
     runs = pin["measured"]["runs"]
-    assert runs in (1, 2) and pin["measured"]["cold_runs"] == 1
+    assert runs in (1, 2) and 1 <= pin["measured"]["cold_runs"] <= runs
     assert pin["measured"]["peak_worst_bytes"] <= 125_000_000
     baseline = pin["baseline"]
     assert baseline["peak_bytes"] > 125_000_000  # the limit really constrains
