@@ -3,6 +3,7 @@ reads back without losing a key, and the search writes the document it always wr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -130,9 +131,15 @@ def test_a_new_pin_has_the_keys_of_the_pins_written_before() -> None:
     document = pin.to_json_dict()
     assert sorted(document) == sorted(newest)
     # issue 44: how many of the pin's runs started with empty compile caches (a fresh host's)
-    assert sorted(document["measured"]) == sorted([*newest["measured"], "cold_runs"])
+    # and (issue 45) the spread of the runs beside each median
+    assert sorted(document["measured"]) == sorted(
+        [*newest["measured"], "cold_runs", "step_time_range_ms"]
+    )
     assert document["measured"]["cold_runs"] == 0
-    assert sorted(document["baseline"]) == sorted(newest["baseline"])
+    ms = document["measured"]["step_time_ms"]
+    assert document["measured"]["step_time_range_ms"] == [ms, ms]
+    assert sorted(document["baseline"]) == sorted([*newest["baseline"], "step_time_range_ms"])
+    assert PinDocument.from_json_dict(document).to_json_dict() == document
     assert sorted(document["fingerprint"]) == sorted(newest["fingerprint"])
     assert document["full_ac"] is None and document["op_sac"] is None
     assert pin.reference() == pin.baseline
@@ -144,3 +151,46 @@ def test_write_pin_takes_the_typed_pin_or_its_json(tmp_path: Path) -> None:
     as_json = write_pin(tmp_path / "json.json", pinned.pin.to_json_dict())
     assert typed.read_text() == as_json.read_text()
     assert load_pinned(typed, warn=False, apply_allocator=False).pin == pinned.pin
+
+
+def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from budgettune.pinning import ReferenceTrial, build_pin
+    from budgettune.trial.results import TrialResult
+
+    def timed(ms: float) -> TrialResult:
+        result = ok_result()
+        assert result.measurement is not None
+        return result.replace(
+            measurement=dataclasses.replace(result.measurement, step_time_ms=ms)
+        )
+
+    full_ac = TrialSpec(block_ac_every=1)
+    pin = build_pin(
+        scope=PinScope(
+            study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cpu",
+            limit_bytes=15_000_000_000, mem_metric="device", margin=0.03,
+        ),
+        candidate=Candidate(trial_number=1, spec=full_ac, step_time_ms=9.0, peak_bytes=1),
+        reverify_results=[timed(9.0), timed(9.5), timed(9.2)],
+        baseline=ReferenceTrial(
+            spec=TrialSpec(), peak_bytes=19_000_000_000, peak_device_bytes=19_000_000_000,
+            step_time_ms=8.0,
+        ),
+        baseline_results=[timed(8.0), timed(8.4)],
+        baseline_status="over_limit",
+        full_ac=ReferenceTrial(
+            spec=full_ac, peak_bytes=1, peak_device_bytes=1, step_time_ms=9.0
+        ),
+        full_ac_results=[timed(9.0), timed(9.5), timed(9.2)],
+        trials=4,
+    )  # fmt: skip
+    out = StringIO()
+    Console(file=out, width=200).print(pin_table(pin))
+    text = out.getvalue()
+    assert "9.20 ms (median of re-measurements, 9.00-9.50 ms)" in text
+    assert "(median of 2 runs, 8.00-8.40 ms) (does not fit the limit)" in text
+    assert "the pin is this configuration" in text

@@ -232,3 +232,78 @@ def test_exit_3_line_names_the_margin_only_for_an_ok_trial_under_the_limit() -> 
     wrong_numerics = _WithStudy(_Study([trial(99, "numerics_mismatch"), trial(120, "ok")]))
     line = str(no_feasible_error(wrong_numerics))  # type: ignore[arg-type]
     assert "smallest peak seen is" in line and "lower --margin" not in line
+
+
+def test_a_fitting_reference_that_runs_faster_fresh_is_pinned() -> None:
+    """Issue 45: the pin is chosen from fresh runs of the same rounds as the fitting
+    references'; full block AC (trial 3, its trial slow at 13 ms) runs at 9 ms fresh, ahead
+    of the top-k's 10 and 11 ms: it is the pin, never the searched point it beats."""
+    searcher = _Searcher(peaks={0: 90, 1: 90, 2: 90, 3: 90}, times={3: 9.0})
+    candidates = _candidates(4)
+    found = reverify_until_one_fits(  # type: ignore[arg-type]
+        searcher, candidates, [candidates[3]]
+    )
+    assert found is not None
+    (winner, runs), reverified = found
+    assert winner.trial_number == 3
+    # the references joined the top-k's first batch, not a walk after them
+    assert searcher.batches[0] == [0, 1, 3] and 2 not in reverified
+    assert any(r.cold_caches for r in runs)
+    # without the reference the fastest searched point is pinned, as before
+    plain = _Searcher(peaks={0: 90, 1: 90, 2: 90, 3: 90}, times={3: 9.0})
+    found = reverify_until_one_fits(plain, candidates)  # type: ignore[arg-type]
+    assert found is not None and found[0][0].trial_number == 0
+
+
+def test_of_two_within_the_noise_the_lighter_is_pinned() -> None:
+    # trial 0 at 10.0 ms and 95 bytes, the reference (trial 1) at 10.02 ms and 60 bytes: the
+    # runs cannot tell them apart (noise >= 0.5 %), so the lower peak is pinned
+    searcher = _Searcher(peaks={0: 95, 1: 60}, times={0: 10.0, 1: 10.02})
+    candidates = _candidates(2, times={0: 10.0, 1: 10.02})
+    found = reverify_until_one_fits(searcher, candidates, [candidates[1]])  # type: ignore[arg-type]
+    assert found is not None and found[0][0].trial_number == 1
+    # 10 % apart is no tie: the faster one stays the pin, whatever its peak
+    searcher = _Searcher(peaks={0: 95, 1: 60}, times={0: 10.0, 1: 11.0})
+    candidates = _candidates(2, times={0: 10.0, 1: 11.0})
+    found = reverify_until_one_fits(searcher, candidates, [candidates[1]])  # type: ignore[arg-type]
+    assert found is not None and found[0][0].trial_number == 0
+
+
+def test_fitting_references_are_the_candidates_sharing_their_configuration() -> None:
+    import optuna
+
+    from budgettune.search.pin import fitting_references
+    from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED, feasible_candidates
+
+    def trial(number: int, spec: TrialSpec, label: str | None, fits: bool) -> object:
+        attrs = {
+            "outcome": "ok",
+            "spec": spec.to_json_dict(),
+            "peak_device_bytes": 90 if fits else 200,
+            "peak_allocated_bytes": 90 if fits else 200,
+            "peak_reserved_bytes": 90 if fits else 200,
+            "step_time_ms": 10.0 + number,
+            "constraint": [-1.0 if fits else 1.0],
+        }
+        if label is not None:
+            attrs["baseline"] = label
+        made = optuna.trial.create_trial(
+            value=10.0 + number,
+            user_attrs=attrs,
+            state=optuna.trial.TrialState.COMPLETE if fits else optuna.trial.TrialState.PRUNED,
+        )
+        made.number = number
+        return made
+
+    full_ac = TrialSpec(block_ac_every=1)
+    trials = [
+        trial(0, TrialSpec(), UNCONSTRAINED, fits=False),  # over the limit: no reference
+        trial(1, full_ac, FULL_AC, fits=True),
+        trial(2, TrialSpec(activation_memory_budget=0.5), None, fits=True),
+        trial(3, full_ac, None, fits=True),  # the same configuration, measured again
+        trial(4, TrialSpec(activation_memory_budget=0.4), OP_SAC, fits=False),
+    ]
+    candidates = feasible_candidates(trials, "device")  # type: ignore[arg-type]
+    found = fitting_references(trials, candidates)  # type: ignore[arg-type]
+    assert list(found) == ["full block AC"]
+    assert found["full block AC"].spec == full_ac

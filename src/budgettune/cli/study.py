@@ -155,7 +155,7 @@ def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:
     found = store.latest_pin(name)
     if found is None:
         raise NoFeasibleConfigError(
-            f"study {name!r} has no pinned config yet; run `budgettune search --study {name}`"
+            f"study {name!r} has no pinned config yet; run `budgettune search --study-name {name}`"
         )
     return dict(found)
 

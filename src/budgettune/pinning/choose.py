@@ -23,6 +23,7 @@ from budgettune.pinning.document import (
     PinReference,
     RankPeak,
 )
+from budgettune.pinning.pin_figures import spread_of
 from budgettune.trial.ranks import memory_split, per_rank_figures
 from budgettune.trial.results import Measurement, TrialResult, write_json_atomically
 from budgettune.trial.spec import TrialSpec
@@ -201,6 +202,7 @@ def _figures(results: Sequence[TrialResult], metric: str, *, sharded: bool) -> P
         peak_allocated_worst_bytes=max(m.peak_allocated_bytes for m in measurements),
         step_time_ms=statistics.median(times),
         step_time_worst_ms=max(times),
+        step_time_range_ms=spread_of(times),
         steady_bytes=last.steady_bytes,
         peak_phase=last.peak_phase,
         phase_peak_bytes=dict(last.phase_peak_bytes),
@@ -239,6 +241,7 @@ def reference_figures(
         trial_step_time_ms=trial.step_time_ms,
         peak_phase=trial.peak_phase,
         slowdown=pin_step_time_ms / step_ms - 1.0,
+        step_time_range_ms=spread_of([m.step_time_ms for m in runs]),
     )
 
 

@@ -5,7 +5,7 @@ their JSON; a key missing (an older pin) reads as its default."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,9 @@ class PinMeasured:
     """Median step time."""
     step_time_worst_ms: float = 0.0
     """Slowest run's step time."""
+    step_time_range_ms: tuple[float, float] | None = None
+    """The fastest and the slowest run's step time: the spread beside the median (None: a
+    pin written before issue 45)."""
     steady_bytes: int = 0
     """Parameters + gradients + optimizer state (the last run's)."""
     peak_phase: str | None = None
@@ -150,6 +153,7 @@ class PinMeasured:
             "peak_allocated_worst_bytes": self.peak_allocated_worst_bytes,
             "step_time_ms": self.step_time_ms,
             "step_time_worst_ms": self.step_time_worst_ms,
+            **_range_json(self.step_time_range_ms),
             "steady_bytes": self.steady_bytes,
             "peak_phase": self.peak_phase,
             "phase_peak_bytes": dict(self.phase_peak_bytes),
@@ -177,6 +181,7 @@ class PinMeasured:
             peak_allocated_worst_bytes=as_int(data.get("peak_allocated_worst_bytes")),
             step_time_ms=float(data.get("step_time_ms") or 0.0),
             step_time_worst_ms=float(data.get("step_time_worst_ms") or 0.0),
+            step_time_range_ms=_range_of(data.get("step_time_range_ms")),
             steady_bytes=as_int(data.get("steady_bytes")),
             peak_phase=data.get("peak_phase"),
             phase_peak_bytes=dict(data.get("phase_peak_bytes") or {}),
@@ -213,6 +218,9 @@ class PinReference:
     """The pin's step time over this one's, minus 1."""
     fits: bool | None = None
     """``op_sac`` only: whether it fits the limit with the margin."""
+    step_time_range_ms: tuple[float, float] | None = None
+    """The fastest and the slowest of its fresh runs (None: none, or a pin written before
+    issue 45)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON form (``runs``, ``trial_step_time_ms`` and ``fits`` only when known)."""
@@ -226,6 +234,7 @@ class PinReference:
             data["runs"] = self.runs
         if self.trial_step_time_ms is not None:
             data["trial_step_time_ms"] = self.trial_step_time_ms
+        data.update(_range_json(self.step_time_range_ms))
         data["peak_phase"] = self.peak_phase
         data["slowdown"] = self.slowdown
         if self.fits is not None:
@@ -246,4 +255,20 @@ class PinReference:
             peak_phase=data.get("peak_phase"),
             slowdown=float(data.get("slowdown") or 0.0),
             fits=None if fits is None else bool(fits),
+            step_time_range_ms=_range_of(data.get("step_time_range_ms")),
         )
+
+
+def spread_of(times: Sequence[float]) -> tuple[float, float] | None:
+    """The fastest and the slowest of ``times`` (None: no times)."""
+    return (min(times), max(times)) if times else None
+
+
+def _range_json(value: tuple[float, float] | None) -> dict[str, Any]:
+    return {} if value is None else {"step_time_range_ms": [value[0], value[1]]}
+
+
+def _range_of(value: Any) -> tuple[float, float] | None:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    return (float(value[0]), float(value[1]))

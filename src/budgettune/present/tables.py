@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
-from budgettune.pinning.document import PinDocument
+from budgettune.pinning.document import PinDocument, PinReference
 from budgettune.trial.results import Measurement, TrialResult
 from budgettune.trial.spec import TrialSpec
 from budgettune.units import format_bytes
@@ -119,7 +119,9 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
         "step time",
         f"{measured.step_time_ms:.2f} ms (median of re-measurements"
         + (
-            f", slowest {measured.step_time_worst_ms:.2f} ms)"
+            f", {_spread(measured.step_time_range_ms)})"
+            if measured.step_time_range_ms is not None and (measured.runs or 0) > 1
+            else f", slowest {measured.step_time_worst_ms:.2f} ms)"
             if (measured.runs or 0) > 1
             else ")"
         ),
@@ -142,19 +144,18 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
             if reference is pin.baseline and status == "over_limit"
             else ""
         )
+        table.add_row(label, _reference_figures(reference) + over)
         table.add_row(
-            label,
-            f"{format_bytes(reference.peak_bytes)}, {reference.step_time_ms:.2f} ms"
-            + (f" (median of {_runs(reference.runs)})" if reference.runs else "")
-            + over,
+            f"vs {label}",
+            "the pin is this configuration"
+            if reference.spec == pin.spec
+            else f"{reference.slowdown * 100:+.1f}%",
         )
-        table.add_row(f"vs {label}", f"{reference.slowdown * 100:+.1f}%")
     op_sac = pin.op_sac
     if op_sac is not None:
         table.add_row(
             "torchtitan op SAC",
-            f"{format_bytes(op_sac.peak_bytes)}, {op_sac.step_time_ms:.2f} ms"
-            + ("" if op_sac.fits else " (does not fit the limit)"),
+            _reference_figures(op_sac) + ("" if op_sac.fits else " (does not fit the limit)"),
         )
         table.add_row("vs op SAC", f"{op_sac.slowdown * 100:+.1f}%")
     if status not in ("ok", "over_limit", "missing"):
@@ -180,6 +181,21 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
         table.add_row("note", pin.advice)
     table.add_row("study", f"{pin.study_name} (trial {pin.trial_number}, {pin.trials} trials)")
     return table
+
+
+def _reference_figures(reference: PinReference) -> str:
+    """Its peak and step time, with the runs behind the time and their spread."""
+    text = f"{format_bytes(reference.peak_bytes)}, {reference.step_time_ms:.2f} ms"
+    if not reference.runs:
+        return text
+    spread = reference.step_time_range_ms
+    if spread is not None and reference.runs > 1:
+        return f"{text} (median of {_runs(reference.runs)}, {_spread(spread)})"
+    return f"{text} (median of {_runs(reference.runs)})"
+
+
+def _spread(range_ms: tuple[float, float]) -> str:
+    return f"{range_ms[0]:.2f}-{range_ms[1]:.2f} ms"
 
 
 def _runs(count: int | None) -> str:

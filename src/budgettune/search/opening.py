@@ -164,8 +164,8 @@ def open_study(
             raise
         # --trials 0 re-verifies and pins what a study holds: it makes none
         raise UsageError(
-            f"--trials 0 re-verifies and pins an existing study, and {store.display_url} "
-            f"holds no study {search.study_name!r}; give --trials N to start it"
+            f"--num-trials 0 re-verifies and pins an existing study, and {store.display_url} "
+            f"holds no study {search.study_name!r}; give --num-trials N to start it"
         ) from None
     if not create:
         return study, False
@@ -185,7 +185,7 @@ def open_study(
         )
         raise UsageError(
             f"study {search.study_name!r} was made for another search ({diff}); "
-            "pass the stored value, or --study NAME to start a new study"
+            "pass the stored value, or --study-name NAME to start a new study"
         )
     # Workers read the spec of the newest search that raised the target.
     study.set_user_attr(SPEC_ATTR, search.to_json_dict())

@@ -137,10 +137,18 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     if not candidates:
         unmeasured = nothing_measured_error(searcher)
         raise unmeasured if unmeasured is not None else no_feasible_error(searcher)
-    found = reverify_until_one_fits(searcher, candidates)
+    references = fitting_references(trials, candidates)
+    found = reverify_until_one_fits(searcher, candidates, list(references.values()))
     if found is None:
         raise no_feasible_error(searcher, after_reverify=True)
     (candidate, results), reverified = found
+    pinned_reference = next((n for n, c in references.items() if c == candidate), None)
+    if pinned_reference is not None and len(candidates) > 1:
+        searcher.observer.notice(
+            f"the pin is the {pinned_reference} reference itself (trial "
+            f"{candidate.trial_number}): no searched configuration under the limit measured "
+            "faster in the same fresh runs"
+        )
     unconstrained = baseline_trial(trials, UNCONSTRAINED)
     status = baseline_status(
         trials,
@@ -196,6 +204,27 @@ def pin_study(searcher: PinSteps) -> PinDocument:
         mem_metric=search.mem_metric,
     )
     return pin
+
+
+REFERENCE_NAMES = {UNCONSTRAINED: "budget 1.0", FULL_AC: "full block AC", OP_SAC: "op SAC"}
+"""The references a pin is compared with, as its output names them."""
+
+
+def fitting_references(
+    trials: Sequence[optuna.trial.FrozenTrial], candidates: Sequence[Candidate]
+) -> dict[str, Candidate]:
+    """The references (`REFERENCE_NAMES`) that fit, as the candidates that share their
+    configuration, by name: re-verified with the top-k, the pin is never one they beat."""
+    found: dict[str, Candidate] = {}
+    for label, name in REFERENCE_NAMES.items():
+        reference = baseline_trial(trials, label)
+        if reference is None or reference[1].spec is None:
+            continue
+        spec = reference[1].spec
+        match = next((c for c in candidates if c.spec == spec), None)
+        if match is not None and match not in found.values():
+            found[name] = match
+    return found
 
 
 def fastest_without_offload(

@@ -50,7 +50,7 @@ def no_feasible_error(
         f"{format_bytes(peak)} from "
         f"{spec.describe()}"
         + "".join(f"; {a}" for a in advice)
-        + "; raise --max-mem or run more --trials"
+        + "; raise --max-mem or run more --num-trials"
     )
 
 
@@ -95,7 +95,7 @@ def nothing_measured_error(searcher: PinSteps) -> NothingMeasuredError | None:
     if not finished:
         return NothingMeasuredError(
             f"study {name!r} has no finished trial to pin; run `budgettune search` with "
-            "--trials N to measure some"
+            "--num-trials N to measure some"
         )
     counts = Counter(outcome.value for _, _, outcome in finished)
     number, first, outcome = min(finished, key=lambda item: item[0])

@@ -119,16 +119,33 @@ def _rounds(
             return
 
 
+def lightest_of_the_fastest(
+    ranked: Sequence[tuple[float, Candidate, list[TrialResult]]], noise: float, mem_metric: str
+) -> tuple[float, Candidate, list[TrialResult]]:
+    """The pick of ``ranked`` (qualified, fastest first): of those whose median is within
+    ``noise`` of the fastest's, which the runs cannot tell apart, the one with the lowest
+    worst peak (issue 45: two configurations of the same speed, the lighter one is pinned)."""
+    leader_ms = ranked[0][0]
+    tied = [entry for entry in ranked if entry[0] <= leader_ms * (1.0 + noise)]
+
+    def worst_peak(entry: tuple[float, Candidate, list[TrialResult]]) -> int:
+        return max(r.measurement.peak_bytes(mem_metric) for r in entry[2] if r.measurement)
+
+    return min(tied, key=lambda entry: (worst_peak(entry), entry[0]))
+
+
 def _with_cold_run(
     searcher: PinSteps, tried: Sequence[Candidate], reverified: Reverified
 ) -> tuple[Candidate, list[TrialResult]] | None:
-    """The fastest qualifying candidate that has a cold run (one is added to each leader that
-    lacks one, until a leader qualifies with it); None when none does."""
+    """The pick (`lightest_of_the_fastest`) among the qualifying candidates, once it has a
+    cold run (one is added to each pick that lacks one, until a pick qualifies with it); None
+    when none qualifies."""
     while True:
         ranked = _ranked(searcher, tried, reverified)
         if not ranked:
             return None
-        _, leader, runs = ranked[0]
+        noise = noise_of(tried, reverified)
+        _, leader, runs = lightest_of_the_fastest(ranked, noise, searcher.search.mem_metric)
         if any(r.cold_caches for r in runs) or not searcher.search.compile_cache:
             return leader, runs
         [more] = searcher.fresh_batch([_job(leader, cold=True)], runs=len(runs) + 1)
@@ -136,12 +153,16 @@ def _with_cold_run(
 
 
 def reverify_until_one_fits(
-    searcher: PinSteps, candidates: Sequence[Candidate]
+    searcher: PinSteps, candidates: Sequence[Candidate], references: Sequence[Candidate] = ()
 ) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
     """Re-measure candidates (fastest first) until one qualifies; None when none does.
 
     The top-k go out as one batch (in parallel over the search's GPUs), in rounds, then one
-    at a time.
+    at a time. ``references`` (the fitting references among the candidates: full block AC,
+    op SAC, budget 1.0) join the first batch wherever their trials ranked, so the pin is
+    chosen from fresh runs of the same rounds as theirs and is never one a reference beats
+    (issue 45: one fresh run each, noise pinned budget 0.34 on full AC 3.1 % slower than
+    full AC alone).
 
     Returns:
         The winner with its runs, and every re-measurement made (by trial number).
@@ -152,8 +173,14 @@ def reverify_until_one_fits(
     tried: list[Candidate] = []
     index = 0
     while index < bound:
-        batch = list(candidates[index : max(index + 1, min(search.top_k, bound))])
-        if index >= search.top_k:
+        ahead = list(candidates[index : max(index + 1, min(search.top_k, bound))])
+        index += len(ahead)
+        batch = [c for c in ahead if c not in tried]
+        if not tried:
+            batch += [c for c in references if c not in batch]
+        if not batch:
+            continue  # a reference, measured in the first batch already
+        if tried:
             searcher.observer.notice(
                 f"none of the {len(tried)} fastest fitting trials held under "
                 f"{format_bytes(search.max_mem_bytes)} with the "
@@ -164,12 +191,12 @@ def reverify_until_one_fits(
                     else ""
                 )
                 + f"when re-measured; trying trial {batch[0].trial_number} "
-                f"({index + 1}/{bound}, "
+                f"({index}/{bound}, "
                 f"{batch[0].step_time_ms:.1f} ms, {format_bytes(batch[0].peak_bytes)})"
             )
+        first = not tried
         tried.extend(batch)
-        _rounds(searcher, batch, tried, reverified, first=index == 0)
-        index += len(batch)
+        _rounds(searcher, batch, tried, reverified, first=first)
         chosen = _with_cold_run(searcher, tried, reverified)
         if chosen is not None:
             return chosen, reverified

@@ -123,19 +123,20 @@ class SearchSpec:
         if not isinstance(self.workload, str) or not self.workload.strip():
             raise UsageError(f"--workload must name a workload, got {self.workload!r}")
         if not _is_int(self.num_trials) or self.num_trials < 0:
-            raise UsageError(f"--trials must be an integer >= 0, got {self.num_trials!r}")
-        for flag, count in (("--top-k", self.top_k), ("--reverify", self.reverify_runs)):
+            raise UsageError(f"--num-trials must be an integer >= 0, got {self.num_trials!r}")
+        for flag, count in (("--top-k", self.top_k), ("--reverify-runs", self.reverify_runs)):
             if not _is_int(count) or count < 1:
                 raise UsageError(f"{flag} must be an integer >= 1, got {count!r}")
         if not _is_number(self.margin) or not 0.0 <= self.margin < 0.5:
             raise UsageError(f"--margin must be within [0, 0.5), got {self.margin!r}")
-        check_seconds("--timeout", self.trial_timeout_s)
-        check_seconds("--collective-timeout", self.collective_timeout_s)
+        check_seconds("--trial-timeout-s", self.trial_timeout_s)
+        check_seconds("--collective-timeout-s", self.collective_timeout_s)
         if self.sampler_seed is not None and (
             not _is_int(self.sampler_seed) or not 0 <= self.sampler_seed <= MAX_SEED
         ):
             raise UsageError(
-                f"--seed must be an integer from 0 to {MAX_SEED}, got {self.sampler_seed!r}"
+                f"--sampler-seed must be an integer from 0 to {MAX_SEED}, "
+                f"got {self.sampler_seed!r}"
             )
         if self.sampler not in SAMPLER_CHOICES:
             raise UsageError(
@@ -149,10 +150,10 @@ class SearchSpec:
         if not isinstance(self.runs_dir, str) or not self.runs_dir.strip():
             raise UsageError(f"--runs-dir must name a folder, got {self.runs_dir!r}")
         if self.storage_url is not None and not isinstance(self.storage_url, str):
-            raise UsageError(f"--storage must be a URL or a path, got {self.storage_url!r}")
+            raise UsageError(f"--storage-url must be a URL or a path, got {self.storage_url!r}")
         if not isinstance(self.device, str) or not DEVICE_PATTERN.match(self.device):
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
-        check_study_name(self.study_name)
+        check_study_name(self.study_name, what="--study-name")
         try:
             check_world(self.device, self.nproc_per_node)
         except SpecError as exc:
@@ -194,7 +195,7 @@ class SearchSpec:
         if self.device == "cpu" and "profile" in estimators:
             raise UsageError(
                 "runtime_estimator 'profile' needs CUDA; on --device cpu search 'flops' only "
-                "(drop profile from --estimators or --fix runtime_estimator=flops)"
+                "(drop profile from --runtime-estimators or --fix runtime_estimator=flops)"
             )
 
     @property

@@ -131,7 +131,7 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
             raise StudyNotFoundError(
                 f"no study {job.study_name!r} in {store.display_url}; studies: "
                 f"{', '.join(names) if names else 'none'}; create it with `budgettune search "
-                f"--study {job.study_name} --storage URL ...`"
+                f"--study-name {job.study_name} --storage-url URL ...`"
             )
         attrs = optuna.load_study(
             study_name=job.study_name, storage=store.optuna_storage
@@ -149,7 +149,8 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
     if stored is None:
         raise UsageError(
             f"study {job.study_name!r} holds no search spec for workers (made by an older "
-            f"budgettune); run `budgettune search --study {job.study_name} ...` once to add it"
+            f"budgettune); run `budgettune search --study-name {job.study_name} ...` once to "
+            "add it"
         )
     overrides: dict[str, object] = {
         "storage_url": store.url,

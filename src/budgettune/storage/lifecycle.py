@@ -67,7 +67,8 @@ def open_storage(
             tables = _table_names(engine)
             if not create and OPTUNA_STUDIES_TABLE not in tables:
                 raise StorageError(
-                    f"{shown} holds no studies; run `budgettune search --storage {shown}` first"
+                    f"{shown} holds no studies; run "
+                    f"`budgettune search --storage-url {shown}` first"
                 )
             if create:
                 _refuse_foreign(engine, shown)
