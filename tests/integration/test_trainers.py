@@ -17,6 +17,7 @@ import types
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -240,3 +241,73 @@ def test_budgettune_search_takes_a_trainer_and_pins_its_model_and_batch(
     written = json.loads((tmp_path / "budgettune-pin.json").read_text())
     assert written["workload"] == f"{tmp_path / 'trainer-workload' / 'build.py'}:build"
     assert written["spec"] == pinned.spec.to_json_dict()
+
+
+def test_a_trainer_job_peaks_where_the_pin_searched_from_its_trainer_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: the searched step is the job's step. A `Trainer` of a GPT-2 from its config,
+    dropout as the config has it (0.1), is searched through `write_workload`; the same
+    `Trainer` with `PinCallback` then measures its third step with `measure_step` (the
+    Trainer zeroes the gradients at the end of its step; test_step_meter covers the start).
+    The workload used to set dropout to 0: the job peaked 14 % over the pin, unwarned."""
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    import budgettune
+    from budgettune.integrations.transformers import PinCallback
+
+    monkeypatch.chdir(tmp_path)
+
+    def make_trainer(callbacks: list | None = None, steps: int = 3) -> Trainer:
+        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
+        assert config.resid_pdrop == 0.1  # the default dropout
+        torch.manual_seed(0)
+        tokens = torch.randint(0, config.vocab_size, (16, 32))
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
+            logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+            disable_tqdm=True,
+        )  # fmt: skip
+        data = [{"input_ids": row, "labels": row} for row in tokens]
+        return Trainer(
+            model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks
+        )
+
+    pinned = budgettune.search(
+        make_trainer(), "1GB", device="cpu", storage_url=f"sqlite:///{tmp_path / 'bt.db'}",
+        num_trials=2, top_k=1, reverify_runs=1, progress=False,
+        workload_dir=tmp_path / "trainer-workload",
+        space={"compile_backend": "aot_eager_decomp_partition"},
+        trial={"warmup_steps": 2, "timed_steps": 1},
+    )  # fmt: skip
+    assert pinned.pin.dropout == ("Dropout p=0.1",)  # the trial ran the Trainer's dropout
+
+    class ThirdStep(TrainerCallback):
+        meter: Any = None
+        trainer: Any = None
+
+        def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+            if state.global_step == 2:
+                model, optimizer = self.trainer.model, self.trainer.optimizer
+                self.meter = pinned.measure_step(model=model, optimizer=optimizer)
+                self.meter.__enter__()
+
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+            if self.meter is not None and self.meter.result is None:
+                self.meter.__exit__(None, None, None)
+
+    third = ThirdStep()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StalePinWarning)  # the job runs what the pin measured
+        trainer = make_trainer(callbacks=[PinCallback(pinned), third])
+        third.trainer = trainer
+        trainer.train()
+    check = third.meter.result
+    assert check is not None and check.relative_error is not None
+    assert abs(check.relative_error) <= 0.03, check.summary()

@@ -33,7 +33,10 @@ def _trial_figures() -> measure.Measurement:
     return measure.measure(step, SPEC)
 
 
-def test_the_jobs_third_step_peaks_where_the_trial_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero_grad_at", ["end", "start"])
+def test_the_jobs_third_step_peaks_where_the_trial_measured(
+    tmp_path: Path, zero_grad_at: str
+) -> None:
     figures = _trial_figures()
     pin = write_pin(
         tmp_path / "pin.json",
@@ -57,10 +60,15 @@ def test_the_jobs_third_step_peaks_where_the_trial_measured(tmp_path: Path) -> N
     optimizer = pinned.optimizer(torch.optim.AdamW(workload.model.parameters(), lr=1e-4))
 
     def train_step() -> None:
+        # issue 45: zeroed at the start, the last step's gradients are live when the meter
+        # starts and freed inside it, where the profiler reports no free: +12.5 % before
+        if zero_grad_at == "start":
+            optimizer.zero_grad(set_to_none=True)
         loss = workload.loss(model, workload.batch)
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if zero_grad_at == "end":
+            optimizer.zero_grad(set_to_none=True)
 
     train_step()
     train_step()

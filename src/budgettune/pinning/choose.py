@@ -315,6 +315,7 @@ def build_pin(
         spec=candidate.spec,
         # What the trials changed in the model besides the knobs; `compile` does it again.
         model_changes=tuple(first.model_changes),
+        dropout=first.dropout,
         limit_bytes=scope.limit_bytes,
         mem_metric=scope.mem_metric,
         margin=scope.margin,

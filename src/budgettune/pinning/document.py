@@ -93,6 +93,9 @@ class PinDocument:
     """The device it was searched on (``cpu``, ``cuda``, ``cuda:N``)."""
     model_changes: tuple[str, ...] = ()
     """What the trials changed in the model besides the knobs; `compile` does it again."""
+    dropout: tuple[str, ...] | None = None
+    """The dropout the measured model drew (empty: none; None: a pin from before issue 45);
+    `compile` warns when the job's model draws dropout the pin was measured without."""
     margin: float = 0.0
     """A run fits when its peak x (1 + margin) is within the limit."""
     advice: str = ""
@@ -137,6 +140,7 @@ class PinDocument:
             "device": self.device,
             "spec": self.spec.to_json_dict(),
             "model_changes": list(self.model_changes),
+            **({} if self.dropout is None else {"dropout": list(self.dropout)}),
             "limit_bytes": self.limit_bytes,
             "mem_metric": self.mem_metric,
             "margin": self.margin,
@@ -184,6 +188,9 @@ class PinDocument:
             device=str(data.get("device") or "cpu"),
             spec=spec_of(data.get("spec")),
             model_changes=tuple(data.get("model_changes") or ()),
+            dropout=None
+            if data.get("dropout") is None
+            else tuple(str(item) for item in data["dropout"]),
             limit_bytes=as_int(data.get("limit_bytes")),
             mem_metric=str(data.get("mem_metric") or "device"),
             margin=float(data.get("margin") or 0.0),

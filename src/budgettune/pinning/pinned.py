@@ -192,6 +192,7 @@ class PinnedConfig:
         or the job's world size from the pin's (with the measured split of the peak).
         """
         from budgettune.blocks import find_blocks
+        from budgettune.trial.dropout import active_dropout, dropout_warning
         from budgettune.trial.recompute import apply_to_model
 
         pinned_world = self.pin.world_size
@@ -210,6 +211,10 @@ class PinnedConfig:
                 StalePinWarning,
                 stacklevel=2,
             )
+        said = dropout_warning(self.pin.dropout, active_dropout(model))
+        if said is not None:
+            path = self.path or ""
+            warnings.warn(f"pinned config {path}: {said}", StalePinWarning, stacklevel=2)
         if blocks is None and (self.spec.block_ac_every or self.spec.offload_every):
             blocks = find_blocks(model)
         running_world = world_size_from_env()
@@ -280,6 +285,7 @@ class PinFields(BaseModel):
     margin: Annotated[float, Field(ge=0, lt=1)] = 0.0
     workload_options: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
     model_changes: list[str] | None = None
+    dropout: list[str] | None = None
     measured: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
     fingerprint: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
 

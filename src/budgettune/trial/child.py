@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
 from budgettune.trial import measure, recompute
 from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
+from budgettune.trial.dropout import active_dropout
 from budgettune.trial.environment import prepare_process_environment
 from budgettune.trial.gpu_turns import COMPILE_APART_MODES, GpuTurns
 from budgettune.trial.phases import PhaseClock, launched_at
@@ -260,6 +261,7 @@ def _measure_in(
         measurement=measurement,
         workload_fingerprint=workload_fingerprint,
         model_changes=step.model_changes,
+        dropout=active_dropout(step.model),
         **info,
     )
 

@@ -118,6 +118,7 @@ def merge_rank_results(
             "cuda_version": first.cuda_version,
             "workload_fingerprint": first.workload_fingerprint,
             "model_changes": first.model_changes,  # every rank changes its model alike
+            "dropout": first.dropout,
             "phases_s": merge_phases([r.phases_s for r in present if r is not None]),
             "cold_caches": any(r.cold_caches for r in present if r is not None),
         }

@@ -209,6 +209,9 @@ class TrialResult:
     """The process started with empty compile caches, as a job on a fresh host does (a
     cold start can reserve more memory: autotuning and the first-run state of inductor's
     cache folder)."""
+    dropout: tuple[str, ...] | None = None
+    """The dropout the measured model drew (`trial.dropout.active_dropout`; empty: none;
+    None: not recorded)."""
     phases_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Seconds of each phase of the process (`budgettune.trial.phases.PHASES`: start, imports,
     CUDA init, build, prepare, compile, warm-up, GPU wait, measure, result, exit), as far as
@@ -217,6 +220,8 @@ class TrialResult:
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", TrialOutcome(self.outcome))
         object.__setattr__(self, "model_changes", tuple(self.model_changes))
+        if self.dropout is not None:
+            object.__setattr__(self, "dropout", tuple(self.dropout))
         object.__setattr__(self, "ranks", tuple(self.ranks))
         object.__setattr__(self, "phases_s", check_phases(self.phases_s))
         if self.outcome.is_measured() and self.measurement is None:
@@ -243,6 +248,7 @@ class TrialResult:
             "failed_at_s": self.failed_at_s,
             "ranks": [r.to_json_dict() for r in self.ranks],
             "cold_caches": self.cold_caches,
+            "dropout": None if self.dropout is None else list(self.dropout),
             "phases_s": dict(self.phases_s),
         }
 

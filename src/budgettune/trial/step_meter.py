@@ -13,11 +13,16 @@ the process holds outside it, read at the block's start (`measure.non_pytorch_de
 as the trial's recipe does. On CPU the peak is the profiler's allocator events over the block
 plus the bytes live at its start, which only the job knows: pass ``model``, ``optimizer`` and
 ``batch`` (as the trial counts them) or the CPU peak counts the block's allocations alone.
+The profiler reports no free of memory allocated before it started, so the gradients live at
+the block's start (a loop that zeroes them at the start of its step) are watched: when one is
+freed inside the block, its free is added to the events at the time it happened, and the
+figure is the same whichever end of the step the loop zeroes at (issue 45: +12.5 % before).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -115,6 +120,8 @@ class StepMeter:
         self._live = (model, optimizer, batch)
         self._profile: Any = None
         self._steady = self._non_pytorch = 0
+        self._frees: list[tuple[int, int]] = []
+        self._watches: list[weakref.finalize[Any, Any]] = []
         self._start = 0.0
         self.device: torch.device | None = None
         self.result: StepCheck | None = None
@@ -130,6 +137,25 @@ class StepMeter:
             device = torch.device("cuda", torch.cuda.current_device())
         return device
 
+    def _watch_gradients(self, model: Any) -> None:
+        """Record when each gradient live now is freed (``time.time_ns``, the clock of the
+        profiler's events), with its bytes as a negative event."""
+        if model is None:
+            return
+        seen: set[int] = set()
+        for param in model.parameters():
+            grad = param.grad
+            if grad is None or grad.device.type != "cpu":
+                continue
+            storage = grad.untyped_storage()
+            if storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            self._watches.append(weakref.finalize(grad, self._freed, storage.nbytes()))
+
+    def _freed(self, nbytes: int) -> None:
+        self._frees.append((time.time_ns(), -nbytes))
+
     def __enter__(self) -> StepMeter:
         import torch
 
@@ -144,6 +170,7 @@ class StepMeter:
             self._steady = live_tensor_bytes(
                 device.type, model=model, optimizer=optimizer, batch=batch
             )
+            self._watch_gradients(model)
             self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             self._profile.__enter__()
         self._start = time.perf_counter()
@@ -168,7 +195,10 @@ class StepMeter:
         else:
             elapsed_ms = (time.perf_counter() - self._start) * 1e3
             self._profile.__exit__(exc_type, exc, traceback)
-            peak = self._steady + running_peak_bytes(cpu_memory_events(self._profile))
+            for watch in self._watches:
+                watch.detach()  # a free after the block is not the step's
+            events = sorted([*cpu_memory_events(self._profile), *self._frees])
+            peak = self._steady + running_peak_bytes(events)
             allocated = reserved = device_peak = peak
         if exc_type is not None:
             return
