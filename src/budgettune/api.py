@@ -38,6 +38,7 @@ from budgettune.search.run import run_search
 from budgettune.search.study_file import build_search_spec, merge, read_study_file
 from budgettune.search.study_schema import check_study_values
 from budgettune.search.workers import gpu_groups, group_device
+from budgettune.storage.engine import storage_files
 
 Builder = Callable[..., Any]
 
@@ -55,6 +56,7 @@ def search(
     gpus: Sequence[int] = (),
     progress: bool = True,
     workload_dir: str | Path = "budgettune-workload",
+    force: bool = False,
     **settings: Any,
 ) -> PinnedConfig:
     """Search the recompute knobs under ``max_mem``, re-verify the best, write and return the pin.
@@ -76,6 +78,8 @@ def search(
         output: where the pinned config JSON is written.
         gpus: run one worker process per GPU index of this host (``--gpus``).
         workload_dir: where a ``Trainer``'s workload is written.
+        force: replace an ``output`` file that is not a pin budgettune wrote (never the
+            study's database, its study file, a folder or a special file).
         progress: show the progress bar and one line per trial on stderr (rich; in a notebook
             it renders in the cell's output).
         **settings: any study-file key (``num_trials``, ``storage_url``, ``study_name``,
@@ -97,11 +101,12 @@ def search(
     if taken:
         raise UsageError(f"budgettune.search: pass {taken[0]!r} as its own argument")
     settings = check_study_values("budgettune.search()", settings)  # today's key names
+    output = Path(output)
+    read = [*storage_files(settings.get("storage_url")), *([study_file] if study_file else [])]
+    check_pin_output(output, what="output", force=force, protected=read)  # before any write
     if _is_trainer(build):
         build = write_workload(build, workload_dir)
     reference, import_root = builder_reference(build)
-    output = Path(output)
-    check_pin_output(output)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
     values = merge(
         file_values,
@@ -118,6 +123,8 @@ def search(
     if gpu_list and "device" not in values:
         values["device"] = group_device(gpu_groups(gpu_list, values.get("nproc_per_node", 1))[0])
     spec = build_search_spec(values, default_device=default_device(values["workload"]))
+    protected = [*storage_files(spec.storage_url), *([study_file] if study_file else [])]
+    check_pin_output(output, what="output", force=force, protected=protected)
     with _importable_by_trials(import_root), _quiet_background():
         if progress:
             with SearchProgress() as shown:

@@ -63,6 +63,12 @@ def search(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print only the pinned config JSON on stdout.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace an --output file that is not a pin budgettune wrote."
+        ),
+    ] = False,
     study: dict[str, Any] | None = None,
     knobs: dict[str, Any] | None = None,
 ) -> None:
@@ -80,9 +86,11 @@ def search(
     from budgettune.search.space import parse_fixed
     from budgettune.search.spec import DEFAULT_WORKLOAD
     from budgettune.search.study_file import build_search_spec, merge, read_study_file
+    from budgettune.storage.engine import storage_files
 
     flags = study_flags(study or {})
-    check_pin_output(output)  # before the search, not after it
+    read = [*storage_files(flags.get("storage_url")), *([study_file] if study_file else [])]
+    check_pin_output(output, force=force, protected=read)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
     gpu_list: list[int] = _csv(gpus, int, flag="--gpus") or []
     if gpus is not None and not gpu_list:
@@ -103,6 +111,8 @@ def search(
     spec = build_search_spec(
         values, default_device=default_device(values.get("workload") or DEFAULT_WORKLOAD)
     )
+    read = [*storage_files(spec.storage_url), *([study_file] if study_file else [])]
+    check_pin_output(output, force=force, protected=read)  # the study file's storage too
     quiet_background()
     started = time.monotonic()
     with SearchProgress() as progress:

@@ -111,13 +111,22 @@ def export(
         Path | None,
         typer.Option(help="Read this pinned JSON instead of the study's current pin."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace an --output file that is not a pin budgettune wrote."
+        ),
+    ] = False,
 ) -> None:
     """Write a study's current pinned config to a JSON file a training job loads, or print the
     environment variables the job must start with, or torchtitan's job-config sections."""
     from budgettune.pinning import check_pin_output, load_pinned, parse_pin, write_pin
 
     if output_format is ExportFormat.json:
-        check_pin_output(output)
+        from budgettune.storage.engine import storage_files
+
+        protected = [*storage_files(storage), *([pin] if pin is not None else [])]
+        check_pin_output(output, force=force, protected=protected)
     if pin is not None:
         pinned = load_pinned(pin, warn=False, apply_allocator=False)
         document = dict(pinned.document)

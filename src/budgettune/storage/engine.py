@@ -111,6 +111,18 @@ def sqlite_file(url: str) -> Path | None:
     return Path(database)
 
 
+def storage_files(url: str | None) -> list[Path]:
+    """The files of a SQLite storage (the database and its journals), which no output of
+    budgettune may replace (issue 48); none for a server or a URL that does not parse."""
+    try:
+        database = sqlite_file(normalize_url(url))
+    except Exception:  # noqa: BLE001 - a bad URL is refused where it is opened
+        return []
+    if database is None:
+        return []
+    return [database, *(Path(f"{database}{suffix}") for suffix in ("-wal", "-shm", "-journal"))]
+
+
 def engine_kwargs(url: str) -> dict[str, object]:
     """Keyword arguments for `sqlalchemy.create_engine` (also handed to Optuna's RDBStorage)."""
     backend = make_url(url).get_backend_name()
