@@ -17,14 +17,12 @@ from budgettune.pinning.choose import (
     ReferenceTrial,
     StalePinWarning,
     build_pin,
-    check_pin_output,
     choose_pin,
     fits_limit,
     margin_violation_bytes,
     measured_violation_bytes,
     qualified,
     reference_figures,
-    write_pin,
 )
 from budgettune.pinning.document import (
     SCHEMA_VERSION,
@@ -35,6 +33,7 @@ from budgettune.pinning.document import (
     PinReference,
     RankPeak,
 )
+from budgettune.pinning.output import check_pin_output, write_pin
 from budgettune.pinning.pinned import PinnedConfig, load_pinned, parse_pin
 
 __all__ = [

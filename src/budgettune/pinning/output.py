@@ -1,0 +1,114 @@
+"""Where a pin is written: `check_pin_output` refuses, before the work that makes the pin, a
+path that cannot or must not be written (issue 48), and `write_pin` writes it atomically."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from budgettune.errors import BudgettuneError, UsageError
+from budgettune.pinning.document import PinDocument
+from budgettune.trial.results import write_json_atomically
+
+PIN_SIZE_LIMIT = 16 * 2**20
+"""A file larger than this is not a pin budgettune wrote (a pin is a few kB)."""
+
+
+def is_written_pin(path: Path) -> bool:
+    """Whether ``path`` holds a pinned config budgettune wrote (a JSON object with its schema
+    version and spec): one that ``--output`` may replace without ``--force``."""
+    import json
+
+    try:
+        if path.stat().st_size > PIN_SIZE_LIMIT:
+            return False
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "schema_version" in data and "spec" in data
+
+
+def check_pin_output(
+    path: str | Path,
+    *,
+    what: str = "--output",
+    force: bool = False,
+    protected: Sequence[str | Path] = (),
+) -> None:
+    """Refuse a pin path that cannot or must not be written, before the work that makes the
+    pin (issue 48: ``--output budgettune.db`` replaced the study's database with the pin).
+
+    Never written: a folder, a special file (a FIFO, a device: written beside and renamed, the
+    pin would replace ``/dev/null`` itself), any of ``protected`` (the storage's database and
+    its journals, the study file, the pin being read). Replaced only with ``force``: an
+    existing file that is not a pin budgettune wrote, or a symbolic link (the rename replaces
+    the link, not its target).
+
+    Raises:
+        UsageError: naming the path and what to do instead.
+    """
+    import stat
+
+    target = Path(path)
+    try:
+        status = target.lstat()
+    except FileNotFoundError:
+        status = None
+    except OSError as exc:
+        raise UsageError(f"{what} {target}: {exc.strerror or exc}") from None
+    if status is not None:
+        if stat.S_ISDIR(status.st_mode) or target.is_dir():
+            raise UsageError(
+                f"{what} {target} is a folder; name the pin's file, e.g. "
+                f"{target / 'budgettune-pin.json'}"
+            )
+        for other in protected:
+            other_path = Path(other)
+            try:
+                same = other_path.exists() and target.resolve() == other_path.resolve()
+            except OSError:
+                same = False
+            if same:
+                raise UsageError(
+                    f"{what} {target} is {other_path.name}, which this command reads "
+                    "(the study's database, its study file or the pin): name another file"
+                )
+        if stat.S_ISLNK(status.st_mode):
+            if not force:
+                raise UsageError(
+                    f"{what} {target} is a symbolic link; the pin would replace the link "
+                    "itself: name the file it points to, or pass --force"
+                )
+        elif not stat.S_ISREG(status.st_mode):
+            raise UsageError(f"{what} {target} is not a regular file: name a file to write")
+        elif not force and not is_written_pin(target):
+            raise UsageError(
+                f"{what} {target} exists and is not a pinned config budgettune wrote; "
+                "name another file, or pass --force to replace it"
+            )
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # write_pin makes the missing folders
+    if not folder.is_dir():
+        raise UsageError(f"{what} {target}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {target}: cannot write into {folder}")
+
+
+def write_pin(path: str | Path, pin: PinDocument | Mapping[str, Any]) -> Path:
+    """Write the pinned JSON atomically (a document read elsewhere is written as it was read);
+    returns the path written.
+
+    Raises:
+        BudgettuneError: the file cannot be written (one line, with the reason).
+    """
+    target = Path(path)
+    try:
+        write_json_atomically(target, pin.to_json_dict() if isinstance(pin, PinDocument) else pin)
+    except OSError as exc:
+        raise BudgettuneError(
+            f"cannot write the pinned config {target}: {exc.strerror or exc}"
+        ) from None
+    return target
