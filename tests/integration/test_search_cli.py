@@ -112,7 +112,8 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     assert pin["baseline_status"] == "over_limit" and pin["trial_number"] in (1, 2)
     assert pin["baseline"]["runs"] == runs and 1 <= pin["full_ac"]["runs"] <= runs
     assert sum(per_trial.values()) == kinds["reverify"]
-    assert set(per_trial) == {0, 1, 2} and per_trial[pin["trial_number"]] == runs
+    assert {0, 1, pin["trial_number"]} <= set(per_trial) <= {0, 1, 2}  # 2: when it led
+    assert per_trial[pin["trial_number"]] == runs
 
     # running it again adds trials to the same study
     again = _invoke(

@@ -353,7 +353,8 @@ def test_aggressive_recomputation_saves_less_for_backward() -> None:
 def test_the_op_policy_is_torchtitans_selective_ac() -> None:
     """Issue 31: the op policy follows torchtitan's SelectiveAC at TORCHTITAN_COMMIT: it saves
     linear, mm, addmm, bmm, topk and max outputs and a CUDA-to-CPU copy, recomputes every second
-    mm or linear (forward and recompute counted apart) and everything else."""
+    mm or linear (forward and recompute counted apart) and everything else; but for topk,
+    which it recomputes (issue 45: transformers' MoE routers write into it)."""
     import types
 
     from torch.utils.checkpoint import CheckpointPolicy
@@ -376,6 +377,7 @@ def test_the_op_policy_is_torchtitans_selective_ac() -> None:
     assert policy(recompute, aten.linear.default, x) == CheckpointPolicy.MUST_SAVE
     assert policy(forward, aten.bmm.default, x) == CheckpointPolicy.MUST_SAVE  # not counted
     assert policy(forward, aten.gelu.default, x) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert policy(forward, aten.topk.default, x, 2) == CheckpointPolicy.PREFER_RECOMPUTE
     to_host = policy(forward, aten._to_copy.default, types.SimpleNamespace(device="cuda:0"),
                      device="cpu")  # fmt: skip
     assert to_host == CheckpointPolicy.MUST_SAVE

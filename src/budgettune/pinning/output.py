@@ -54,8 +54,8 @@ def check_pin_output(
     target = Path(path)
     try:
         status = target.lstat()
-    except FileNotFoundError:
-        status = None
+    except (FileNotFoundError, NotADirectoryError):
+        status = None  # (under a file: refused below, as not a folder)
     except OSError as exc:
         raise UsageError(f"{what} {target}: {exc.strerror or exc}") from None
     if status is not None:

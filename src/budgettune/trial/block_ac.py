@@ -82,6 +82,14 @@ def _torchtitan_op_policy() -> Callable[..., Any]:
     and a CUDA-to-CPU copy's result, recompute the rest, and recompute every second mm or
     linear (counted per checkpointed block call, forward and recompute apart).
 
+    One change (issue 45): ``topk`` is recomputed, not saved. A mixture of experts' router
+    in transformers normalises its top-k weights in place (``w /= w.sum(...)``: Mixtral,
+    DeepSeek-V3 and dozens more), and a saved output written in place fails the backward
+    (``Tensor cached during selective activation checkpoint has been mutated``); replaying
+    the written tensor instead gave the router's gate a gradient 46 % off (the recomputed sum
+    read the normalised weights). Recomputed from the same inputs, ``topk`` selects the
+    same experts; torchtitan's own router divides out of place.
+
     Not followed: ``force_recompute_mm_shapes_by_fqns`` (its default names torchtitan's own
     MoE router gates, ``moe.router.gate``; no other model has them) and disabling dynamo's LRU
     cache (a workaround for pipeline parallelism with flex attention).
@@ -101,6 +109,8 @@ def _torchtitan_op_policy() -> Callable[..., Any]:
             and str(kwargs.get("device")) == "cpu"
         ):
             return CheckpointPolicy.MUST_SAVE  # a device-to-host sync is not repeated
+        if func == aten.topk.default:
+            return CheckpointPolicy.PREFER_RECOMPUTE  # see above: routers write into it
         mode = "recompute" if ctx.is_recompute else "forward"
         if func in mm_ops:
             mm_counts[mode] += 1
