@@ -72,6 +72,8 @@ def show(
         stdout.print(f"excluded after crashes: {line}", highlight=False)
     for line in report.settled:
         stdout.print(f"held after the opening: {line}", highlight=False)
+    if report.pin_error is not None:
+        stdout.print(f"note: {report.pin_error}", highlight=False)
     pin = report.pin_document
     if pin is not None:
         stdout.print(pin_table(pin, title="current pin"))

@@ -19,15 +19,13 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import JsonDict
-
-from budgettune.errors import PinnedConfigError, SpecError
+from budgettune.errors import PinnedConfigError, SpecError, one_line
 from budgettune.pinning.choose import StalePinWarning
 from budgettune.pinning.document import SCHEMA_VERSION, PinDocument, PinFingerprint
-from budgettune.schema import OneOf, first_problem
+from budgettune.pinning.pin_schema import PinFields, check_figures
+from budgettune.schema import first_problem
 from budgettune.trial.allocator import AllocatorApplied, apply_allocator_settings, env_assignment
 from budgettune.trial.distributed import (
     apply_sharded,
@@ -36,10 +34,8 @@ from budgettune.trial.distributed import (
     world_size_from_env,
 )
 from budgettune.trial.ranks import world_size_warning
-from budgettune.trial.results import MEM_METRICS
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.step_meter import StepMeter
-from budgettune.trial.trial_run import DEVICE_PATTERN
 
 if TYPE_CHECKING:
     import torch
@@ -263,33 +259,6 @@ class PinnedConfig:
         return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
 
 
-_OBJECT: JsonDict = {"allowed": "a JSON object"}
-
-
-class PinFields(BaseModel):
-    """The fields of a pinned document (schema v1) read besides its spec, by type and range.
-
-    Every pin budgettune writes has them; the first three are required, as readers need them
-    (`budgettune verify` imports the workload and checks the limit on the metric).
-    """
-
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-    workload: Annotated[str, Field(min_length=1)]
-    limit_bytes: Annotated[int, Field(gt=0)]
-    mem_metric: Annotated[str, OneOf(MEM_METRICS)]
-    world_size: Annotated[int, Field(ge=1)] = 1
-    device: Annotated[str, Field(pattern=DEVICE_PATTERN.pattern)] = Field(
-        "cpu", json_schema_extra={"allowed": "cpu, cuda or cuda:N"}
-    )
-    margin: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    workload_options: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
-    model_changes: list[str] | None = None
-    dropout: list[str] | None = None
-    measured: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
-    fingerprint: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
-
-
 def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
     """Validate a pinned document: its schema version, its spec, and `PinFields`.
 
@@ -319,11 +288,19 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
         )
     try:
         pin = PinDocument.from_json_dict(data)
-    except (KeyError, TypeError, ValueError, SpecError) as exc:
+        figures_problem = check_figures(pin)
+    except (
+        KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError,
+        SpecError,
+    ) as exc:  # fmt: skip
         raise PinnedConfigError(
-            f"{source}: the pin cannot be read: {exc!r} (re-export the pin with "
-            "`budgettune export`)"
+            f"{source}: the pin cannot be read: {one_line(exc, with_type=True)} (re-export "
+            "the pin with `budgettune export`)"
         ) from None
+    if figures_problem is not None:
+        raise PinnedConfigError(
+            f"{source}: the pin's {figures_problem} (re-export the pin with `budgettune export`)"
+        )
     return PinnedConfig(pin=pin, document=data, path=source)
 
 
@@ -349,8 +326,9 @@ def load_pinned(
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise PinnedConfigError(f"{source}: no such pinned config") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PinnedConfigError(f"{source}: not a readable pinned config JSON ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # undecodable, too deep, huge ints
+        text = one_line(exc, with_type=True)
+        raise PinnedConfigError(f"{source}: not a readable pinned config JSON ({text})") from None
     pinned = parse_pin(data, source=source)
     if apply_allocator:  # before the fingerprint check, which may start CUDA
         pinned.apply_allocator(stacklevel=3)

@@ -112,8 +112,24 @@ class StudyReport:
 
     @property
     def pin_document(self) -> PinDocument | None:
-        """The latest pin, typed."""
-        return None if self.pin is None else PinDocument.from_json_dict(self.pin)
+        """The latest pin, typed (None: none, or a stored row that does not read: `pin_error`)."""
+        if self.pin is None or self.pin_error is not None:
+            return None
+        return PinDocument.from_json_dict(self.pin)
+
+    @property
+    def pin_error(self) -> str | None:
+        """Why the stored pin row cannot be read (None: it reads, or there is none)."""
+        from budgettune.errors import PinnedConfigError
+        from budgettune.pinning import parse_pin
+
+        if self.pin is None:
+            return None
+        try:
+            parse_pin(self.pin, source="the study's stored pin")
+        except PinnedConfigError as exc:
+            return str(exc)
+        return None
 
 
 def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import optuna
 import optuna_dashboard
 
-from budgettune.errors import StorageError, StudyNotFoundError, one_line
-from budgettune.pinning import PinDocument
+from budgettune.errors import PinnedConfigError, StorageError, StudyNotFoundError, one_line
+from budgettune.pinning import parse_pin
 from budgettune.present.dashboard_views import (
     PLOT_ID,
     memory_time_figure,
@@ -73,7 +73,12 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
         (outcome := record_of(t).outcome) is not None and not outcome.tells_fit() for t in trials
     )
     stored = storage.latest_pin(study_name)
-    pin = None if stored is None else PinDocument.from_json_dict(stored)
+    pin = None
+    if stored is not None:
+        try:  # a corrupt stored row is drawn as no pin, never a traceback (issue 48)
+            pin = parse_pin(stored, source=f"study {study_name!r}'s stored pin").pin
+        except PinnedConfigError:
+            pin = None
     figure = memory_time_figure(
         points, limit_bytes=study_limit.max_mem_bytes, mem_metric=metric, pin=pin
     )

@@ -1,0 +1,112 @@
+"""What a pinned document must hold before any field of it is used: `PinFields` (types and
+ranges of the fields read besides the spec) and `check_figures` (every figure of the typed
+pin finite and in range), so a hostile or corrupt pin is one line, never a traceback or
+minutes of work (issue 48: ``"limit_bytes": 10**400`` measured for minutes, then crashed;
+``1e400`` in a peak overflowed; a ``world_size`` of 10**6 would launch that many ranks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import JsonDict
+
+from budgettune.pinning.document import PinDocument
+from budgettune.schema import OneOf
+from budgettune.trial.results import MEM_METRICS
+from budgettune.trial.trial_run import DEVICE_PATTERN
+
+MAX_BYTES = 2**63 - 1
+"""The largest byte figure a pin may hold (what torch's allocator counters can reach)."""
+MAX_WORLD_SIZE = 4096
+"""The most ranks a pin may name (``verify`` launches that many)."""
+MAX_COUNT = 2**31 - 1
+"""The largest trial number, trial count or run count a pin may hold."""
+MAX_MS = 1e9
+"""The longest step time a pin may hold (11.6 days)."""
+
+_OBJECT: JsonDict = {"allowed": "a JSON object"}
+_REFERENCE: JsonDict = {"allowed": "a JSON object or null"}
+
+
+class PinFields(BaseModel):
+    """The fields of a pinned document (schema v1) read besides its spec, by type and range.
+
+    Every pin budgettune writes has them; the first three are required, as readers need them
+    (`budgettune verify` imports the workload and checks the limit on the metric).
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    workload: Annotated[str, Field(min_length=1, max_length=4096)]
+    limit_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)]
+    mem_metric: Annotated[str, OneOf(MEM_METRICS)]
+    world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)] = 1
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN.pattern)] = Field(
+        "cpu", json_schema_extra={"allowed": "cpu, cuda or cuda:N"}
+    )
+    margin: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    trial_number: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None
+    trials: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None
+    workload_options: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+    model_changes: list[str] | None = None
+    dropout: list[str] | None = None
+    measured: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+    fingerprint: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+    baseline: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
+    full_ac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
+    op_sac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
+    no_offload: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
+    host_limit_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
+
+
+def _problem(where: str, name: str, value: Any) -> str | None:
+    """What is wrong with one figure (None: nothing): a byte or count out of range, a time
+    or fraction not finite."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        bound = MAX_COUNT if name in ("runs", "cold_runs", "rank") else MAX_BYTES
+        if not -MAX_BYTES <= value <= bound:
+            return f"{where}{name} is {value!r:.40}: out of range"
+    elif isinstance(value, float):
+        limit = MAX_MS if name.endswith("_ms") else 1e30
+        if not math.isfinite(value) or abs(value) > limit:
+            return f"{where}{name} is {value!r:.40}: it must be a finite number"
+    elif isinstance(value, tuple):
+        for item in value:
+            if isinstance(item, (int, float)):
+                found = _problem(where, name, item)
+                if found:
+                    return found
+    return None
+
+
+def _figures_of(obj: Any, where: str) -> str | None:
+    for item in dataclasses.fields(obj):
+        value = getattr(obj, item.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if item.name == "spec":
+                continue
+            found = _figures_of(value, f"{where}{item.name}.")
+        elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            rows = (_figures_of(row, f"{where}{item.name}[].") for row in value)
+            found = next((f for f in rows if f is not None), None)
+        elif isinstance(value, dict):
+            found = next(
+                (f for k, v in value.items() if (f := _problem(where, f"{item.name}.{k}", v))),
+                None,
+            )
+        else:
+            found = _problem(where, item.name, value)
+        if found is not None:
+            return found
+    return None
+
+
+def check_figures(pin: PinDocument) -> str | None:
+    """The first figure of ``pin`` that is not finite or out of range, said as
+    ``measured.peak_worst_bytes is inf: ...`` (None: every figure holds)."""
+    return _figures_of(pin, "")
