@@ -79,17 +79,17 @@ def test_the_pin_turns_the_cache_off_inside_the_users_module() -> None:
 
 
 def test_a_pin_from_a_newer_budgettune_is_refused_in_one_line() -> None:
-    from budgettune.errors import SpecError
+    from budgettune.errors import PinnedConfigError
 
-    workload = _wrapped("none")
     pin = {
         "schema_version": 1,
         "spec": TrialSpec(compile_mode="eager").to_json_dict(),
         "model_changes": ["use_cache=False", "attn_implementation=flex"],
         **PIN_FIELDS,
     }
-    with pytest.raises(SpecError, match="cannot make: attn_implementation=flex; upgrade"):
-        parse_pin(pin, source="pin").compile(workload.model)
+    # refused as the pin is read (issue 48: verify passed it, then compile raised)
+    with pytest.raises(PinnedConfigError, match="cannot make: attn_implementation=flex; upgr"):
+        parse_pin(pin, source="pin")
 
 
 @pytest.mark.parametrize(

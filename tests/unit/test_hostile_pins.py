@@ -47,6 +47,7 @@ HOSTILE: list[tuple[str, str]] = [
     ("world-huge", json.dumps({**GOOD, "world_size": 10**6})),
     ("ms-nan", json.dumps(GOOD).replace("10.0", "NaN")),
     ("options-list", json.dumps({**GOOD, "workload_options": [1]})),
+    ("unknown-change", json.dumps({**GOOD, "model_changes": ["rm -rf /"]})),
 ]  # fmt: skip
 
 

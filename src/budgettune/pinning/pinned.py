@@ -297,6 +297,14 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
             f"{source}: the pin cannot be read: {one_line(exc, with_type=True)} (re-export "
             "the pin with `budgettune export`)"
         ) from None
+    from budgettune.trial.hf_cache import KNOWN_MODEL_CHANGES
+
+    unknown = sorted(set(pin.model_changes) - set(KNOWN_MODEL_CHANGES))
+    if unknown:
+        figures_problem = (
+            f"model changes are ones this budgettune cannot make: {', '.join(unknown)[:200]}; "
+            f"upgrade budgettune (it makes {', '.join(KNOWN_MODEL_CHANGES)})"
+        )
     if figures_problem is not None:
         raise PinnedConfigError(
             f"{source}: the pin's {figures_problem} (re-export the pin with `budgettune export`)"
