@@ -33,6 +33,7 @@ from budgettune.search.pin_errors import (  # noqa: F401 - re-exported
 from budgettune.search.pin_steps import Notices, PinRecorder, PinSteps, StudyTrials  # noqa: F401
 from budgettune.search.reverify import (  # noqa: F401 - re-exported
     MAX_CANDIDATES,
+    noise_of,
     reverify_until_one_fits,
 )
 from budgettune.search.spec import SearchSpec
@@ -142,6 +143,9 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     if found is None:
         raise no_feasible_error(searcher, after_reverify=True)
     (candidate, results), reverified = found
+    said = noise_notice([c for c in candidates if c.trial_number in reverified], reverified)
+    if said is not None:
+        searcher.observer.notice(said)
     pinned_reference = next((n for n, c in references.items() if c == candidate), None)
     if pinned_reference is not None and len(candidates) > 1:
         searcher.observer.notice(
@@ -204,6 +208,26 @@ def pin_study(searcher: PinSteps) -> PinDocument:
         mem_metric=search.mem_metric,
     )
     return pin
+
+
+NOISY = 0.10
+"""Fresh runs that disagree with their trials or with each other by more than this (10 %) are
+said to be noisy: the host is too busy to rank configurations closer than that (issue 45: a
+trial of 22.5 ms re-measured at 2476-3001 ms on a busy host, printed without a word)."""
+
+
+def noise_notice(
+    candidates: Sequence[Candidate], reverified: dict[int, list[TrialResult]]
+) -> str | None:
+    """One line when the re-measured runs are noisier than `NOISY` (None: they are not)."""
+    noise = noise_of(candidates, reverified)
+    if noise <= NOISY:
+        return None
+    return (
+        f"the fresh runs disagree with their trials or with each other by up to "
+        f"{noise * 100:.0f} %: this host is too busy to rank configurations closer than that "
+        "(the pin's step times are medians; run on a quiet host or raise --reverify-runs)"
+    )
 
 
 REFERENCE_NAMES = {UNCONSTRAINED: "budget 1.0", FULL_AC: "full block AC", OP_SAC: "op SAC"}
