@@ -157,3 +157,28 @@ def test_unreadable_spec_file_gives_crashed_result(tmp_path: Path) -> None:
     )
     data = json.loads(result_path.read_text())
     assert data["outcome"] == "crashed" and "unreadable" in data["error"]
+
+
+def test_a_run_folder_with_planted_links_never_writes_through_them(tmp_path: Path) -> None:
+    """Issue 48: ``SPEC.json`` and ``trial.log`` planted in a run folder as links to files
+    elsewhere: the spec replaces its link (written beside, renamed), never the target, and a
+    linked log is refused (``O_NOFOLLOW``) before any child starts."""
+    folder, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    spec_target, log_target = elsewhere / "precious.json", elsewhere / "notes.txt"
+    spec_target.write_text("precious")
+    log_target.write_text("notes")
+    (folder / "SPEC.json").symlink_to(spec_target)
+    run = TrialRun(spec=FAST, workload=f"{FIXTURES}:raises", device="cpu", cache_root=None)
+    result = launch_trial(run, run_dir=folder, timeout_s=120)
+    assert result.outcome is TrialOutcome.CRASHED and "bad hidden size" in result.error
+    assert spec_target.read_text() == "precious"
+    assert not (folder / "SPEC.json").is_symlink()  # the link itself was replaced
+    linked = tmp_path / "run2"
+    linked.mkdir()
+    (linked / "trial.log").symlink_to(log_target)
+    with pytest.raises(Exception, match="trial.log") as caught:
+        launch_trial(run, run_dir=linked, timeout_s=120)
+    assert "Traceback" not in str(caught.value) and "\n" not in str(caught.value)
+    assert log_target.read_text() == "notes"

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO
 
 from budgettune.errors import SpecError, TrialInfrastructureError
 from budgettune.trial.cpu_lock import CpuLockTimeout, cpu_trial_lock
@@ -36,6 +36,7 @@ from budgettune.trial.results import (
     TrialResult,
     death_message,
     read_result,
+    write_json_atomically,
     write_result_atomically,
 )
 from budgettune.trial.servers import ChildProcess, ServedChild, SpawnedChild, TrialServers
@@ -194,7 +195,9 @@ def _run_child(
         rank_result_path(result_path, rank).unlink(missing_ok=True)
     child_device, device_env = visible_device_env(run.device)
     child_run = dataclasses.replace(run, device=child_device)
-    spec_path.write_text(json.dumps(child_run.to_json_dict(), indent=2, sort_keys=True) + "\n")
+    # written beside and renamed: a SPEC.json planted as a link replaces the link, never its
+    # target (issue 48: whoever can write a shared runs folder could clobber others' files)
+    write_json_atomically(spec_path, child_run.to_json_dict())
 
     env = child_env(run, device_env, extra_env)
     command = [sys.executable, "-m", "budgettune.trial.child", str(spec_path), str(result_path)]
@@ -204,7 +207,7 @@ def _run_child(
     try:  # the wait for the host's one CPU trial at a time is bounded by the trial's timeout
         lock = cpu_trial_lock(timeout_s) if child_device == "cpu" else None
     except CpuLockTimeout as exc:
-        with open(log_path, "ab") as log:
+        with open_log(log_path) as log:
             _log_line(log, f"not started: {exc}")
         return TrialResult(
             outcome=TrialOutcome.TIMEOUT,
@@ -212,7 +215,7 @@ def _run_child(
             log_path=str(log_path),
             wall_s=exc.waited_s,
         )
-    with lock or contextlib.nullcontext(), open(log_path, "ab") as log:
+    with lock or contextlib.nullcontext(), open_log(log_path) as log:
         if lock is not None and lock.waited_s:
             _log_line(log, f"waited {lock.waited_s:.1f} s for the CPU-trial lock {lock.path}")
         _log_line(log, f"starting {' '.join(command)}")
@@ -314,6 +317,13 @@ def _start(
             _log_line(log, f"forked by trial server {served.server.process.pid} as {served.pid}")
             return served
     return SpawnedChild(spawn(command, output=log, env=env, new_session=True))
+
+
+def open_log(path: Path) -> BinaryIO:
+    """The trial log, opened to append, never through a symbolic link (``O_NOFOLLOW``: a
+    ``trial.log`` planted as a link to another file is an `OSError`, the folder's fault)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(path, flags, 0o644), "ab")
 
 
 def _log_line(log: IO[bytes], text: str) -> None:
