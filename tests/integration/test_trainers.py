@@ -311,3 +311,32 @@ def test_a_trainer_job_peaks_where_the_pin_searched_from_its_trainer_says(
     check = third.meter.result
     assert check is not None and check.relative_error is not None
     assert abs(check.relative_error) <= 0.03, check.summary()
+
+
+def test_write_workload_never_replaces_a_users_files_or_writes_through_a_link(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: `write_workload` replaced a user's own ``build.py`` and ``config.json`` and
+    wrote through a ``trainer.json`` link; now it refuses in one line, the files untouched, and
+    writes again only into a folder it wrote."""
+    from budgettune.errors import UsageError
+    from budgettune.integrations.transformers import write_workload
+
+    trainer = _example("hf_trainer").make_trainer(str(tmp_path / "out"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "build.py").write_text("def build(device): ...  # the user's own\n")
+    with pytest.raises(UsageError, match="did not write"):
+        write_workload(trainer, mine)
+    assert (mine / "build.py").read_text().endswith("the user's own\n")
+    assert sorted(p.name for p in mine.iterdir()) == ["build.py"]
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (tmp_path / "target.json").write_text("someone else's")
+    (linked / "trainer.json").symlink_to(tmp_path / "target.json")
+    with pytest.raises(UsageError, match="symbolic link"):
+        write_workload(trainer, linked)
+    assert (tmp_path / "target.json").read_text() == "someone else's"
+    ours = tmp_path / "ours"
+    first = write_workload(trainer, ours)
+    assert write_workload(trainer, ours) == first  # its own folder: written again

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import WorkloadError
+from budgettune.errors import UsageError, WorkloadError
 from budgettune.workload import Workload
 from budgettune.workloads.hf import zero_dropout
 
@@ -151,6 +151,7 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     missed += [f"batch entry {k!r} (not a tensor)" for k in first if k not in batch]
     args = trainer.args
     out = Path(folder)
+    check_workload_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(str(out))
     torch.save(batch, out / BATCH_FILE)
@@ -174,6 +175,39 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     )
     log.warning("wrote %s; not captured from the Trainer: %s", reference, "; ".join(missed))
     return reference
+
+
+_MARKER = "written by budgettune.integrations.transformers.write_workload"
+"""The line of a ``build.py`` that `write_workload` wrote: its folder may be written again."""
+WRITTEN_FILES = (BUILD_FILE, TRAINER_FILE, BATCH_FILE, "config.json", "generation_config.json")
+"""What `write_workload` writes into its folder."""
+
+
+def check_workload_folder(folder: Path) -> None:
+    """Refuse a folder `write_workload` must not write into (issue 48: it replaced a user's own
+    ``build.py`` and ``config.json``, and wrote through a ``trainer.json`` link): one whose
+    files of those names are not its own (no ``build.py`` it wrote beside them), a file that
+    is a symbolic link, or a path that is not a folder.
+
+    Raises:
+        UsageError: naming the file and what to do instead.
+    """
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"write_workload: {folder} is not a folder")
+    for name in WRITTEN_FILES:
+        if (folder / name).is_symlink():
+            raise UsageError(
+                f"write_workload: {folder / name} is a symbolic link; name a folder of its own "
+                "for the workload"
+            )
+    build = folder / BUILD_FILE
+    ours = build.is_file() and _MARKER in build.read_text(errors="replace")[:2000]
+    taken = [name for name in WRITTEN_FILES if (folder / name).exists()]
+    if taken and not ours:
+        raise UsageError(
+            f"write_workload: {folder} holds {', '.join(taken)} that write_workload did not "
+            "write; name a new folder for the workload (its files would be replaced)"
+        )
 
 
 def _import_class(path: str) -> Any:
