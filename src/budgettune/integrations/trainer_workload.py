@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import UsageError, WorkloadError
+from budgettune.errors import UsageError, WorkloadError, one_line
 from budgettune.workload import Workload
 from budgettune.workloads.hf import zero_dropout
 
@@ -139,7 +139,13 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
             f"write_workload: the Trainer's model is a {cls.__module__}.{cls.__name__}, not a "
             "model class transformers exports; write a builder (README: Your own workload)"
         )
-    first = next(iter(trainer.get_train_dataloader()))
+    try:
+        first = next(iter(trainer.get_train_dataloader()))
+    except (ValueError, StopIteration) as exc:  # no train_dataset, or an empty one
+        raise UsageError(
+            f"write_workload: the Trainer gives no training batch ({one_line(exc)}); "
+            "give it a train_dataset"
+        ) from None
     if not isinstance(first, Mapping):
         raise WorkloadError(
             f"write_workload: the Trainer's batches are {type(first).__name__}, not a mapping "
