@@ -65,7 +65,8 @@ def test_a_hostile_pin_is_one_line_in_every_reader(workdir: Path, name: str, tex
     path.write_text(text)
     with pytest.raises(PinnedConfigError) as caught:
         load_pinned(path, apply_allocator=False)
-    assert "\n" not in str(caught.value) and len(str(caught.value)) < 600
+    said = str(caught.value).replace(str(path), "pin.json")
+    assert "\n" not in said and len(said) < 600, said
     for args in (
         ["export", "--pin", "pin.json", "-o", "out.json"],
         ["export", "--pin", "pin.json", "--format", "env"],

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from storage_samples import SPEC, ok_result
 
+from budgettune.errors import PinnedConfigError
 from budgettune.pinning import (
     Candidate,
     PinDocument,
@@ -56,6 +57,13 @@ PIN_FILES = _pin_files()
 STORED_PINS = _stored_pins()
 
 
+def _unmakeable(document: dict[str, Any]) -> bool:
+    """A committed pin recording a model change this budgettune no longer makes."""
+    from budgettune.trial.hf_cache import KNOWN_MODEL_CHANGES
+
+    return bool(set(document.get("model_changes") or ()) - set(KNOWN_MODEL_CHANGES))
+
+
 def _normalized(value: Any, key: str = "") -> Any:
     """A document with every spec read as a `TrialSpec` (a spec written before a knob existed
     gains that knob's default when written again)."""
@@ -92,8 +100,14 @@ def test_there_are_committed_pins_to_read() -> None:
 
 @pytest.mark.parametrize("path", PIN_FILES, ids=lambda p: str(p.relative_to(RESULTS)))
 def test_every_committed_pin_loads_and_reads_back_whole(path: Path) -> None:
-    pinned = load_pinned(path, warn=False, apply_allocator=False)
     original = json.loads(path.read_text())
+    if _unmakeable(original):
+        # issue 44's first GPT-2 run recorded a model change later dropped (loss_type): such a
+        # pin is refused as it is read, in one line, rather than failing in the job (issue 48)
+        with pytest.raises(PinnedConfigError, match="cannot make: loss_type=ForCausalLM"):
+            load_pinned(path, warn=False, apply_allocator=False)
+        return
+    pinned = load_pinned(path, warn=False, apply_allocator=False)
     assert pinned.document == original  # `export --pin` writes it again as it was read
     written = pinned.pin.to_json_dict()
     assert _normalized(_kept(original, written)) == _normalized(original)
@@ -103,6 +117,10 @@ def test_every_committed_pin_loads_and_reads_back_whole(path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "document"), STORED_PINS, ids=[n for n, _ in STORED_PINS])
 def test_every_pin_stored_in_a_committed_study_reads(name: str, document: dict) -> None:
+    if _unmakeable(document):  # as above: refused in one line as it is read
+        with pytest.raises(PinnedConfigError, match="cannot make: loss_type=ForCausalLM"):
+            parse_pin(document, source=name)
+        return
     pin = parse_pin(document, source=name).pin
     assert _normalized(_kept(document, pin.to_json_dict())) == _normalized(document)
     assert "Current pin" in study_note(
