@@ -125,3 +125,14 @@ def test_what_torchtitan_cannot_express_is_refused_in_one_line(tmp_path: Path) -
     done = CliRunner().invoke(app, ["export", "--format", "torchtitan", "--pin", str(pin)])
     assert done.exit_code == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_pin_name_cannot_inject_toml() -> None:
+    """Issue 48: the pin's file name went unescaped into the header comment; a name holding a
+    newline and ``[job]`` made valid TOML with an injected section."""
+    source = 'evil.json\n[job]\ndump_folder = "/tmp/x"\r\n# '
+    pinned = parse_pin(_doc(TrialSpec(block_ac_every=1)), source=source)
+    text = torchtitan_config(pinned).to_toml()
+    parsed = tomllib.loads(text)
+    assert "job" not in parsed
+    assert text.splitlines()[0].startswith("# budgettune pin evil.json\\n[job]")

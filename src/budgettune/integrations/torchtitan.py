@@ -51,13 +51,20 @@ class TorchtitanConfig:
     def to_toml(self) -> str:
         """The sections as TOML, with a header saying where they go."""
         lines = [
-            f"# budgettune pin {self.source} as torchtitan {TORCHTITAN_VERSION} job-config keys:",
+            f"# budgettune pin {_comment_text(self.source)} as torchtitan {TORCHTITAN_VERSION} "
+            "job-config keys:",
             "# set these keys in the same sections of your job config",
         ]
         for section, keys in self.sections.items():
             lines += ["", f"[{section}]"]
             lines += [f"{key} = {_toml_value(value)}" for key, value in keys.items()]
         return "\n".join(lines) + "\n"
+
+
+def _comment_text(text: str) -> str:
+    """``text`` safe inside a TOML comment: no line break or control character can end the
+    comment and start a section (issue 48: a pin named ``x\n[job]`` injected one)."""
+    return json.dumps(str(text))[1:-1]
 
 
 def _toml_value(value: Any) -> str:
