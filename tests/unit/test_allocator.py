@@ -146,8 +146,12 @@ def test_export_env_prints_the_launch_line(tmp_path: Path) -> None:
     runner = CliRunner()
     done = runner.invoke(app, ["export", "--format", "env", "--pin", str(_pin(tmp_path))])
     assert done.exit_code == 0, done.output
-    assert done.stdout == f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE}\n"
+    assert done.stdout == (
+        f"BUDGETTUNE_PIN_ALLOC_CONF={EXPANDABLE}\nPYTORCH_CUDA_ALLOC_CONF={EXPANDABLE}\n"
+    )
     bare = tmp_path / "bare"
     bare.mkdir()
     done = runner.invoke(app, ["export", "--format", "env", "--pin", str(_pin(bare, ""))])
-    assert done.exit_code == 0 and done.stdout == ""
+    # issue 47: never empty, so `export $(budgettune export --format env)` never runs a bare
+    # `export` (which prints the whole environment into the job's log)
+    assert done.exit_code == 0 and done.stdout == "BUDGETTUNE_PIN_ALLOC_CONF=\n"

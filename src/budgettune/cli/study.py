@@ -102,8 +102,9 @@ def export(
         typer.Option(
             "--format",
             help="json: write the pinned JSON to --output. env: print the environment the job "
-            "must start with (PYTORCH_CUDA_ALLOC_CONF=..., one KEY=VALUE a line, nothing when "
-            "the pin sets none), for a launch script: export $(budgettune export --format env). "
+            "must start with, one KEY=VALUE a line, for a launch script: export $(budgettune "
+            "export --format env): BUDGETTUNE_PIN_ALLOC_CONF (the pin's allocator setting, "
+            "empty for none; never an empty export) and PYTORCH_CUDA_ALLOC_CONF when it sets one. "
             "torchtitan: print the pin as torchtitan job-config TOML sections "
             "(activation_checkpoint, compile, optimizer); one line on stderr says what "
             "torchtitan's config cannot hold.",
@@ -136,6 +137,8 @@ def export(
         document = _study_pin(study, storage)
         pinned = parse_pin(document, source=f"study {document.get('study_name', '')}")
     if output_format is ExportFormat.env:
+        # always one line: a bare `export $(...)` would dump the environment into the job log
+        print(f"BUDGETTUNE_PIN_ALLOC_CONF={pinned.spec.cuda_alloc_conf}")
         line = pinned.env_assignment()
         if line:
             print(line)
