@@ -148,10 +148,12 @@ def pin_study(searcher: PinSteps) -> PinDocument:
         searcher.observer.notice(said)
     pinned_reference = next((n for n, c in references.items() if c == candidate), None)
     if pinned_reference is not None and len(candidates) > 1:
+        noise = noise_of([c for c in candidates if c.trial_number in reverified], reverified)
         searcher.observer.notice(
             f"the pin is the {pinned_reference} reference itself (trial "
-            f"{candidate.trial_number}): no searched configuration under the limit measured "
-            "faster in the same fresh runs"
+            f"{candidate.trial_number}): no searched configuration under the limit ran faster "
+            f"by more than the noise of the same fresh runs ({noise * 100:.1f} %), and of those "
+            "as fast it peaks lowest"
         )
     unconstrained = baseline_trial(trials, UNCONSTRAINED)
     status = baseline_status(
