@@ -49,7 +49,7 @@ def test_committed_rev0001_database_is_refused_then_upgraded_with_rows_kept(
 ) -> None:
     db = tmp_path / "old.db"
     shutil.copyfile(REV0001_DB, db)
-    with pytest.raises(SchemaBehindError, match="budgettune db upgrade --storage sqlite:///"):
+    with pytest.raises(SchemaBehindError, match="budgettune db upgrade --storage-url sqlite:///"):
         open_storage(str(db))
     assert upgrade(str(db)) == ("0001", HEAD_REVISION)
     with open_storage(str(db), create=False) as storage:

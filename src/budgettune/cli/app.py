@@ -44,6 +44,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+STORAGE_ENV = "BUDGETTUNE_STORAGE"
+"""The storage every command opens when none is given (a team's PostgreSQL URL, say)."""
+STORAGE_OPTION = typer.Option(
+    "--storage-url",
+    "--storage",
+    envvar=STORAGE_ENV,
+    help=f"SQLAlchemy URL or SQLite path (default ${STORAGE_ENV}, else ./budgettune.db).",
+    show_envvar=False,
+)
+"""The storage option of every command that opens the store: one spelling (issue 47),
+``--storage`` still read."""
+STUDY_OPTION = typer.Option(
+    "--study-name", "--study", help="Study name (default: the only one)."
+)
+"""The study option of the commands that read one study (``--study`` still read)."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"budgettune {version('budgettune')}")
+        raise typer.Exit()
+
+
 # No markup parsing in printed strings: error messages and configurations contain brackets
 # (`pip install 'budgettune[postgres]'`) that rich would swallow as tags.
 stdout = Console(soft_wrap=True, markup=False)
@@ -87,6 +112,12 @@ def _main_options(
         bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     _state["debug"] = debug
     logging.basicConfig(

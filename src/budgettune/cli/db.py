@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from budgettune.cli.app import (
+    STORAGE_OPTION,
     app,
     handles_errors,
     stdout,
@@ -19,9 +20,7 @@ app.add_typer(db_app, name="db")
 @db_app.command("upgrade")
 @handles_errors
 def db_upgrade(
-    storage: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
-    ] = None,
+    storage: Annotated[str | None, STORAGE_OPTION] = None,
 ) -> None:
     """Upgrade the study database (budgettune's and Optuna's tables) to this version; an empty
     or new one gets them, another program's database is refused unchanged (exit 2)."""

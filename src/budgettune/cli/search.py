@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from budgettune.cli.app import (
+    STORAGE_OPTION,
     app,
     default_device,
     handles_errors,
@@ -135,14 +136,13 @@ def search(
 @app.command()
 @handles_errors
 def worker(
-    study: Annotated[str, typer.Option(help="The study to join (made by `budgettune search`).")],
-    storage: Annotated[
-        str | None,
+    study: Annotated[
+        str,
         typer.Option(
-            envvar="BUDGETTUNE_STORAGE",
-            help="SQLAlchemy URL or SQLite path (default ./budgettune.db).",
+            "--study-name", "--study", help="The study to join (made by `budgettune search`)."
         ),
-    ] = None,
+    ],
+    storage: Annotated[str | None, STORAGE_OPTION] = None,
     device: Annotated[
         str | None, typer.Option(help="cpu or cuda:N (default: the study's device).")
     ] = None,

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from budgettune.cli.app import (
+    STORAGE_OPTION,
     app,
     handles_errors,
     stdout,
@@ -16,9 +17,7 @@ from budgettune.cli.app import (
 @app.command()
 @handles_errors
 def dashboard(
-    storage: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
-    ] = None,
+    storage: Annotated[str | None, STORAGE_OPTION] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 8080,
     allow_writes: Annotated[

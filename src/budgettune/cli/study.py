@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from budgettune.cli.app import (
+    STORAGE_OPTION,
+    STUDY_OPTION,
     app,
     check_count,
     default_run_dir,
@@ -23,10 +25,8 @@ from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 @app.command()
 @handles_errors
 def show(
-    study: Annotated[str | None, typer.Option(help="Study name (default: the only one).")] = None,
-    storage: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
-    ] = None,
+    study: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str | None, STORAGE_OPTION] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     phases: Annotated[
         bool,
@@ -93,10 +93,8 @@ def export(
     output: Annotated[Path, typer.Option("--output", "-o", help="Pinned JSON to write.")] = Path(
         "best.json"
     ),
-    study: Annotated[str | None, typer.Option(help="Study name (default: the only one).")] = None,
-    storage: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL or SQLite path (default ./budgettune.db).")
-    ] = None,
+    study: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str | None, STORAGE_OPTION] = None,
     output_format: Annotated[
         ExportFormat,
         typer.Option(

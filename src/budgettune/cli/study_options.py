@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from budgettune.cli.app import STORAGE_ENV
 from budgettune.search.spec import SEARCH_DEFAULTS
 from budgettune.search.study_schema import OLD_KEYS, TABLES, StudyTable
 
@@ -66,7 +67,13 @@ def _parameter(key: str, schema: dict[str, Any]) -> inspect.Parameter:
         names = [f"{_flag(key)}/{OFF_FLAG.get(key, '--no-' + _flag(key)[2:])}"]
     else:
         names = [_flag(key), *old, *ALIASES.get(key, ())]
-    option = typer.Option(*names, help=_help(key, schema["description"]), show_default=False)
+    option = typer.Option(
+        *names,
+        help=_help(key, schema["description"]),
+        show_default=False,
+        envvar=STORAGE_ENV if key == "storage_url" else None,  # as every command reads it
+        show_envvar=False,
+    )
     return inspect.Parameter(
         key, _KEYWORD, default=None, annotation=Annotated[kind | None, option]
     )

@@ -151,7 +151,8 @@ def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
             f"no studies in {store.display_url}; run `budgettune search --max-mem SIZE` first"
         )
     raise UsageError(
-        f"{len(names)} studies in {store.display_url}; pick one with --study: {', '.join(names)}"
+        f"{len(names)} studies in {store.display_url}; pick one with --study-name: "
+        f"{', '.join(names)}"
     )
 
 

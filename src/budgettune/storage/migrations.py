@@ -96,7 +96,7 @@ def check_revision(revision: str | None, shown_url: str) -> None:
         found = "has no budgettune tables" if revision is None else f"is at revision {revision}"
         raise SchemaBehindError(
             f"database {shown_url} {found}, this budgettune needs {HEAD_REVISION}; "
-            f"run `budgettune db upgrade --storage {shown_url}`"
+            f"run `budgettune db upgrade --storage-url {shown_url}`"
         )
     raise SchemaAheadError(
         f"database {shown_url} was written by a newer budgettune (revision {revision}); "
@@ -131,5 +131,5 @@ def check_optuna(rdb: optuna.storages.RDBStorage, shown_url: str) -> None:
     if optuna_is_behind(rdb, shown_url):
         raise SchemaBehindError(
             f"optuna's tables in {shown_url} are older than the installed optuna "
-            f"{optuna.__version__}; run `budgettune db upgrade --storage {shown_url}`"
+            f"{optuna.__version__}; run `budgettune db upgrade --storage-url {shown_url}`"
         )

@@ -1,0 +1,52 @@
+"""Issue 47: one spelling per concept across the commands. Every command that opens the store
+takes ``--storage-url`` (``--storage`` still read) and reads ``BUDGETTUNE_STORAGE`` when it is
+not given; every command that reads one study takes ``--study-name`` (``--study`` still read);
+``budgettune --version`` prints the version."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budgettune.cli import app
+
+runner = CliRunner()
+STORE = [["search"], ["show"], ["export"], ["worker"], ["dashboard"], ["db", "upgrade"]]
+STUDY = [["search"], ["show"], ["export"], ["worker"]]
+
+
+def _help(command: list[str]) -> str:
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("command", STORE, ids=" ".join)
+def test_every_command_that_opens_the_store_spells_it_alike(command: list[str]) -> None:
+    text = _help(command)
+    assert "--storage-url" in text and "--storage " in text.replace(",", " ")
+    if command in STUDY:
+        assert "--study-name" in text
+
+
+def test_every_command_reads_the_storage_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    done = runner.invoke(app, ["db", "upgrade"], env={"BUDGETTUNE_STORAGE": url})
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "team.db").exists() and not (tmp_path / "budgettune.db").exists()
+    shown = runner.invoke(app, ["show"], env={"BUDGETTUNE_STORAGE": url})
+    assert shown.exit_code == 2 and "no studies in sqlite:" in shown.stderr
+    assert "team.db" in shown.stderr
+    old = runner.invoke(app, ["show", "--storage", url, "--study", "nope"])
+    assert old.exit_code == 2 and "no study 'nope'" in old.stderr  # the old spellings read
+
+
+def test_version() -> None:
+    done = runner.invoke(app, ["--version"])
+    assert done.exit_code == 0 and done.stdout == f"budgettune {version('budgettune')}\n"
