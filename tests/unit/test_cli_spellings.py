@@ -50,3 +50,23 @@ def test_every_command_reads_the_storage_from_the_environment(
 def test_version() -> None:
     done = runner.invoke(app, ["--version"])
     assert done.exit_code == 0 and done.stdout == f"budgettune {version('budgettune')}\n"
+
+
+def test_verify_from_another_folder_says_where_to_run_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: a pin names its builder file as the search was given it (relative to the
+    folder the search ran in); verify elsewhere says so in one line."""
+    import json
+
+    from budgettune.trial.spec import TrialSpec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pin.json").write_text(json.dumps({
+        "schema_version": 1, "spec": TrialSpec(compile_mode="eager").to_json_dict(),
+        "workload": "mymodel.py:build", "limit_bytes": 10**9, "mem_metric": "device",
+    }))  # fmt: skip
+    done = runner.invoke(app, ["verify", "pin.json", "--device", "cpu"])
+    lines = done.stderr.strip().splitlines()
+    assert done.exit_code != 0 and len(lines) == 1
+    assert "relative to the folder the search ran in" in lines[0] and str(tmp_path) in lines[0]

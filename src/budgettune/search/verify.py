@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import PinNoLongerFitsError, WorkloadMismatchError
+from budgettune.errors import PinNoLongerFitsError, WorkloadError, WorkloadMismatchError
 from budgettune.pinning import PinnedConfig, load_pinned
 from budgettune.trial.devices import check_device_available
 from budgettune.trial.launcher import launch_trial, trial_servers
@@ -119,7 +119,18 @@ def verify_pin(
     pinned = load_pinned(path, warn=False, apply_allocator=False)  # the trial child sets it
     pin = pinned.pin
     reference = pin.workload
-    check_reference(reference)
+    try:
+        check_reference(reference)
+    except WorkloadError as exc:
+        file_part = reference.rsplit(":", 1)[0]
+        if file_part.endswith(".py") and not Path(file_part).is_absolute():
+            # issue 47: a pin names its builder file as the search was given it, relative to
+            # the folder the search ran in
+            raise WorkloadError(
+                f"{exc}: the pin names its workload file relative to the folder the search ran "
+                f"in; run verify from that folder (this is {Path.cwd()})"
+            ) from None
+        raise
     if not pinned_digest(pinned) and not allow_other_workload:
         raise WorkloadMismatchError(
             f"{path} records no workload fingerprint to check {reference} against; pass "
