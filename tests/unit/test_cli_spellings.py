@@ -70,3 +70,24 @@ def test_verify_from_another_folder_says_where_to_run_it(
     lines = done.stderr.strip().splitlines()
     assert done.exit_code != 0 and len(lines) == 1
     assert "relative to the folder the search ran in" in lines[0] and str(tmp_path) in lines[0]
+
+
+def test_applying_a_pin_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: applying a pin was silent unless the job configured logging."""
+    import logging
+
+    from torch import nn
+
+    from budgettune.pinning import parse_pin
+    from budgettune.trial.spec import TrialSpec
+
+    pinned = parse_pin({
+        "schema_version": 1, "spec": TrialSpec(compile_mode="eager").to_json_dict(),
+        "workload": "builtin:tiny-gpt", "limit_bytes": 10**9, "mem_metric": "device",
+    }, source="best.json")  # fmt: skip
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a job with no logging set up
+    pinned.compile(nn.Linear(2, 2))
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"budgettune: applying pin best.json to Linear: {pinned.spec.describe()}"]

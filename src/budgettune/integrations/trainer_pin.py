@@ -97,12 +97,6 @@ class TrainerPin:
         state = scoped_forward_of(model)
         if state is not None:
             self.forwards.append((type(model).__name__, state))
-        log.info(
-            "applied pin %s to %s: %s",
-            self.pinned.path,
-            type(model).__name__,
-            self.pinned.spec.describe(),
-        )
 
     def apply_optimizers(self, optimizers: Iterable[Any]) -> None:
         """`PinnedConfig.optimizer(optimizer, in_place=True)`, once per optimizer.

@@ -15,6 +15,8 @@ only when a pin is applied, never to read one.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -224,6 +226,7 @@ class PinnedConfig:
             warnings.warn(
                 f"pinned config {self.path or ''}: {text}", StalePinWarning, stacklevel=2
             )
+        said_applied(self.path, type(model).__name__, self.spec.describe())
         if in_place:
             from budgettune.trial.recompute import prepare_model
             from budgettune.trial.scoped_forward import compile_forward_in_place
@@ -257,6 +260,20 @@ class PinnedConfig:
             rebuild_optimizer_in_place(optimizer, self.spec.optimizer_impl)
             return optimizer
         return rebuild_optimizer(optimizer, self.spec.optimizer_impl)
+
+
+log = logging.getLogger("budgettune.pin")
+
+
+def said_applied(path: str | None, model: str, config: str) -> None:
+    """One INFO line when a pin is applied (issue 47: applying one was silent): through
+    logging, and straight to stderr when the job configured no logging (whose last-resort
+    handler would drop an INFO line)."""
+    text = f"budgettune: applying pin {path or '(in memory)'} to {model}: {config}"
+    if logging.getLogger().handlers or log.hasHandlers():
+        log.info(text)
+    else:
+        print(text, file=sys.stderr)
 
 
 def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
