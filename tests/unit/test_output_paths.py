@@ -129,3 +129,31 @@ def test_the_python_api_refuses_a_bad_output_before_writing_a_trainer_workload(
         budgettune.search("builtin:tiny-gpt", "1GB", output="bt.db", storage_url="bt.db",
                           device="cpu", force=True)  # fmt: skip
     assert (tmp_path / "bt.db").read_bytes() == b"not to be lost"
+
+
+def test_a_pin_keeps_the_umask_and_a_replaced_pin_its_mode(
+    workdir: Path,
+) -> None:
+    """Issue 48 item 9: pins came out 0600 whatever the umask (a shared pin unreadable)."""
+    old = os.umask(0o022)
+    try:
+        done = runner.invoke(app, ["export", "--pin", "pin.json", "-o", "shared.json"])
+        assert done.exit_code == 0, done.output
+        assert (workdir / "shared.json").stat().st_mode & 0o777 == 0o644
+        os.chmod(workdir / "shared.json", 0o640)
+        again = runner.invoke(app, ["export", "--pin", "pin.json", "-o", "shared.json"])
+        assert again.exit_code == 0, again.output
+        assert (workdir / "shared.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)
+
+
+def test_a_dashboard_on_an_open_address_is_told_it_has_no_login(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = []
+    monkeypatch.setattr("budgettune.present.dashboard.serve", lambda *a, **k: served.append(k))
+    done = runner.invoke(app, ["dashboard", "--storage-url", "bt.db", "--host", "0.0.0.0"])
+    assert done.exit_code == 0 and served and "has no login" in done.stderr
+    local = runner.invoke(app, ["dashboard", "--storage-url", "bt.db"])
+    assert local.exit_code == 0 and "no login" not in local.stderr

@@ -10,6 +10,7 @@ from budgettune.cli.app import (
     STORAGE_OPTION,
     app,
     handles_errors,
+    stderr,
     stdout,
 )
 
@@ -36,6 +37,14 @@ def dashboard(
     """
     from budgettune.present.dashboard import serve
 
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        stderr.print(
+            f"warning: the dashboard has no login; on {host} anyone who reaches this host and "
+            "port reads every study"
+            + (" and can change them (--allow-writes)" if allow_writes else "")
+            + "; put it behind a reverse proxy with authentication to share it",
+            highlight=False,
+        )
     serve(
         storage,
         host=host,

@@ -268,12 +268,34 @@ class TrialResult:
         return dataclasses.replace(self, **changes)
 
 
+def _file_mode(target: Path) -> int:
+    """The mode a newly written file gets: the replaced file's, else 0666 less the umask, as
+    ``open`` would give it (issue 48: pins came out 0600 whatever the umask, unreadable to a
+    team that shares them). The umask is read from /proc (``os.umask`` would change it for
+    every thread while it is read), 022 where that is not there."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        pass
+    umask = 0o022
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                umask = int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o666 & ~umask
+
+
 def write_json_atomically(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
-    """Write JSON to a temp file in the same folder, fsync, then rename over ``path``."""
+    """Write JSON to a temp file in the same folder, fsync, then rename over ``path`` (the
+    file keeps the mode the replaced one had, else the umask's)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    mode = _file_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=2, sort_keys=True)
             handle.write("\n")
