@@ -44,3 +44,19 @@ def test_a_trainer_without_a_train_dataset_is_one_usage_error(
     with pytest.raises(UsageError, match="give it a train_dataset"):
         budgettune.search(trainer, "1GB", device="cpu", workload_dir="wl")
     assert not (tmp_path / "wl").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [("num_trials = " + "9" * 5000, "4300 digits"), ("x = " + "[" * 5000 + "]" * 5000, "deep")],
+    ids=["huge-int", "deep"],
+)
+def test_a_hostile_study_file_is_one_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(f'workload = "builtin:tiny-gpt"\nmax_mem = "1GB"\n{body}\n')
+    with pytest.raises(UsageError, match=said) as caught:
+        budgettune.search("builtin:tiny-gpt", "1GB", study_file="s.toml", device="cpu")
+    assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import StudyFileError, UsageError
+from budgettune.errors import StudyFileError, UsageError, one_line
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import (
     DEFAULT_WORKLOAD,
@@ -65,7 +65,13 @@ def read_study_file(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise StudyFileError(f"{source}: not a valid TOML study file ({exc})") from None
-    return check_study_values(str(source), data)
+    except (ValueError, RecursionError) as exc:  # issue 48: a 5000-digit integer, deep nesting
+        what = "nested too deep" if isinstance(exc, RecursionError) else one_line(exc)
+        raise StudyFileError(f"{source}: not a study file this reads ({what})") from None
+    try:
+        return check_study_values(str(source), data)
+    except RecursionError:
+        raise StudyFileError(f"{source}: not a study file this reads (nested too deep)") from None
 
 
 def _read_bounded(source: Path) -> str:
