@@ -157,3 +157,10 @@ def test_a_dashboard_on_an_open_address_is_told_it_has_no_login(
     assert done.exit_code == 0 and served and "has no login" in done.stderr
     local = runner.invoke(app, ["dashboard", "--storage-url", "bt.db"])
     assert local.exit_code == 0 and "no login" not in local.stderr
+
+
+def test_num_trials_0_on_a_missing_database_makes_none(workdir: Path) -> None:
+    """Issue 48 item 9: a refused ``--num-trials 0`` still created an empty database."""
+    _refused(workdir, ["search", "--device", "cpu", "--storage-url", "new.db", "--num-trials", "0",
+                       "--max-mem", "1GB"], "new.db does not exist", "nothing")  # fmt: skip
+    assert not (workdir / "new.db").exists()

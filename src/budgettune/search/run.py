@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from budgettune import storage as storage_mod
+from budgettune.errors import UsageError
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec
 from budgettune.search.study import SearchObserver, SearchOutcome
 from budgettune.search.workers import check_gpus, gpu_groups, group_device, run_gpu_workers
 from budgettune.storage.coordination import creation_lock, database_errors
+from budgettune.storage.engine import storage_files
 from budgettune.trial.devices import check_device_available, device_indices
 from budgettune.trial.launcher import check_ops_exist
 from budgettune.workload import check_reference
@@ -42,6 +44,13 @@ def run_search(
             for SIGTERM); finished ones are kept.
     """
     check_reference(search.workload)
+    database = next(iter(storage_files(search.storage_url)), None)
+    if search.num_trials == 0 and database is not None and not database.exists():
+        # refused before the storage is opened, which would make an empty database (issue 48)
+        raise UsageError(
+            f"--num-trials 0 re-verifies and pins an existing study, and {database} does not "
+            "exist; give --num-trials N to start a study"
+        )
     if gpus:
         check_gpus(gpus)
         gpu_groups(gpus, search.nproc_per_node)
