@@ -164,3 +164,22 @@ def test_num_trials_0_on_a_missing_database_makes_none(workdir: Path) -> None:
     _refused(workdir, ["search", "--device", "cpu", "--storage-url", "new.db", "--num-trials", "0",
                        "--max-mem", "1GB"], "new.db does not exist", "nothing")  # fmt: skip
     assert not (workdir / "new.db").exists()
+
+
+def test_a_temp_file_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """Issue 48 item 9: kill -9 during a pin's write left ``.pin.json.XXXX`` behind."""
+    import subprocess
+
+    from budgettune.pinning import write_pin
+
+    gone = subprocess.Popen(["true"])  # noqa: S607 - its pid names no process once it ended
+    gone.wait()
+    orphan = tmp_path / f".pin.json.{gone.pid}.k3j9"
+    live = tmp_path / f".pin.json.{os.getppid()}.a8x2"  # a writer still running
+    other = tmp_path / ".notes.txt.123.x"  # not this file's
+    for path in (orphan, live, other):
+        path.write_text("{")
+    write_pin(tmp_path / "pin.json", PIN)
+    assert not orphan.exists()
+    assert live.exists() and other.exists()
+    assert json.loads((tmp_path / "pin.json").read_text())["spec"] == PIN["spec"]

@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -287,13 +288,34 @@ def _file_mode(target: Path) -> int:
     return 0o666 & ~umask
 
 
+def _remove_orphans(target: Path) -> None:
+    """Remove the temp files an earlier writer of ``target`` left when it was killed mid-write
+    (issue 48: kill -9 during a pin's write left ``.pin.json.XXXX``): those named after a
+    process that no longer runs. (A temp file's name carries its writer's pid.)"""
+    try:
+        siblings = list(target.parent.glob(f".{glob_escape(target.name)}.*.*"))
+    except OSError:
+        return
+    for sibling in siblings:
+        pid_text = sibling.name[len(target.name) + 2 :].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            sibling.unlink(missing_ok=True)  # its writer is gone
+        except (PermissionError, OverflowError, OSError):
+            continue  # alive (another user's), or not a pid
+
+
 def write_json_atomically(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
     """Write JSON to a temp file in the same folder, fsync, then rename over ``path`` (the
     file keeps the mode the replaced one had, else the umask's)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     mode = _file_mode(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    _remove_orphans(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", dir=target.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as handle:
