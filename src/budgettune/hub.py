@@ -16,6 +16,7 @@ this module before any trial starts, so every trial then reads the cached file.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,12 @@ def hub_config_folder(repo_id: str) -> Path:
             "pip install 'budgettune[hf]'"
         ) from None
     where = f"hf:{repo_id}"
+    # its retries log a warning each (with the CLI's logging, about 22 lines before our one,
+    # issue 48): the error below says what failed and what to run. A filter on the logger
+    # that logs them (huggingface_hub sets its own level again while it downloads).
+    http_log = logging.getLogger("huggingface_hub.utils._http")
+    quiet = _BelowError()
+    http_log.addFilter(quiet)
     try:
         path = hub.hf_hub_download(repo_id=repo_id, filename=CONFIG_FILE)
     except errors.LocalEntryNotFoundError:
@@ -93,4 +100,13 @@ def hub_config_folder(repo_id: str) -> Path:
         raise WorkloadError(f"{where}: not a Hub id ({one_line(exc)})") from None
     except OSError as exc:  # HTTP errors (HfHubHTTPError), disk errors
         raise WorkloadError(f"{where}: fetching {CONFIG_FILE} failed: {one_line(exc)}") from None
+    finally:
+        http_log.removeFilter(quiet)
     return Path(path).parent
+
+
+class _BelowError(logging.Filter):
+    """Drops records below ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR

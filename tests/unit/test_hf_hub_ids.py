@@ -123,3 +123,28 @@ def test_the_real_hf_home_and_offline_variables_are_honoured(tmp_path: Path) -> 
     (line,) = refused.stderr.strip().splitlines()
     assert f"hf download {MISSING} config.json" in line and str(tmp_path / "hub") in line
     assert "Traceback" not in refused.stderr
+
+
+def test_an_unreachable_hub_is_one_line_without_its_retry_warnings(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 48 item 9: huggingface_hub's retries logged about 22 warning lines before the
+    error line; they are dropped while budgettune fetches (and only then)."""
+    import logging
+
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    http_log = logging.getLogger("huggingface_hub.utils._http")
+
+    def unreachable(**_: object) -> str:
+        for attempt in range(5):
+            http_log.warning("'Name or service not known' thrown; Retrying [Retry %d/5]", attempt)
+        raise LocalEntryNotFoundError("unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    with caplog.at_level(logging.WARNING), pytest.raises(WorkloadError, match="unreachable"):
+        check_reference("hf:someorg/somemodel")
+    assert not [r for r in caplog.records if r.name.startswith("huggingface_hub")]
+    http_log.warning("after the fetch")  # the filter is gone again
+    assert any(r.getMessage() == "after the fetch" for r in caplog.records)
