@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from budgettune import storage
@@ -52,11 +51,9 @@ HOSTILE: list[tuple[str, str]] = [
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    command = typer.main.get_command(app)
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: command)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def workdir(cli_workdir: Path) -> Path:
+    """The CLI's working folder (tests/conftest.py); its ``bt.db`` is an empty study database."""
+    return cli_workdir
 
 
 @pytest.mark.parametrize(("name", "text"), HOSTILE, ids=[n for n, _ in HOSTILE])

@@ -8,10 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from budgettune import storage
 from budgettune.cli import app
 from budgettune.errors import UsageError
 from budgettune.search.spec import STUDY_NAME_PATTERN, check_study_name
@@ -22,22 +20,10 @@ runner = CliRunner()
 SEARCH = ["search", "--device", "cpu", "--storage", "bt.db"]
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """A study database with budgettune's tables, made once (migrations take ~0.3 s)."""
-    db = tmp_path_factory.mktemp("db") / "bt.db"
-    storage.open_storage(str(db)).close()
-    return db.read_bytes()
-
-
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: bytes) -> Path:
-    """A working folder holding a real, empty study database ``bt.db``."""
-    command = typer.main.get_command(app)  # built once (typer rebuilds it per call, ~0.1 s)
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: command)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bt.db").write_bytes(empty_db)
-    return tmp_path
+def workdir(cli_workdir: Path) -> Path:
+    """A working folder holding a real, empty study database ``bt.db`` (tests/conftest.py)."""
+    return cli_workdir
 
 
 def _refused(workdir: Path, args: list[str], said: str) -> str:

@@ -10,10 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from budgettune import storage
 from budgettune.cli import app
 from budgettune.errors import UsageError
 from budgettune.pinning import check_pin_output
@@ -30,22 +28,13 @@ PIN = {
 }
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    db = tmp_path_factory.mktemp("db") / "bt.db"
-    storage.open_storage(str(db)).close()
-    return db.read_bytes()
-
-
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: bytes) -> Path:
-    command = typer.main.get_command(app)
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: command)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bt.db").write_bytes(empty_db)
-    (tmp_path / "pin.json").write_text(json.dumps(PIN))
-    (tmp_path / "study.toml").write_text('workload = "builtin:tiny-gpt"\nmax_mem = "1GB"\n')
-    return tmp_path
+def workdir(cli_workdir: Path) -> Path:
+    """The CLI's working folder (tests/conftest.py: an empty study database ``bt.db``), with a
+    pin and a study file."""
+    (cli_workdir / "pin.json").write_text(json.dumps(PIN))
+    (cli_workdir / "study.toml").write_text('workload = "builtin:tiny-gpt"\nmax_mem = "1GB"\n')
+    return cli_workdir
 
 
 def _refused(workdir: Path, args: list[str], said: str, kept: str) -> None:

@@ -16,7 +16,6 @@ import pytest
 import typer
 from click.testing import CliRunner
 
-from budgettune import storage
 from budgettune.cli import app
 from budgettune.search.study_file import read_study_file
 from budgettune.search.study_schema import TABLES
@@ -170,14 +169,6 @@ def _study_file(path: Path, values: Mapping[str, Any]) -> Path:
     lines = top + [f"[{t}]\n" + "\n".join(rows) for t, rows in tables.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """A study database with budgettune's tables, made once (migrations take ~0.3 s)."""
-    db = tmp_path_factory.mktemp("db") / "bt.db"
-    storage.open_storage(str(db)).close()
-    return db.read_bytes()
 
 
 @pytest.fixture
