@@ -100,6 +100,20 @@ def turn_off_kv_cache(model: nn.Module) -> tuple[str, ...]:
     return (USE_CACHE_OFF,)
 
 
+def check_model_changes(changes: Sequence[str]) -> None:
+    """Refuse model changes this budgettune cannot make (a pin's, read or applied).
+
+    Raises:
+        SpecError: naming them (the first 200 characters) and what to do.
+    """
+    unknown = sorted(set(changes) - set(KNOWN_MODEL_CHANGES))
+    if unknown:
+        raise SpecError(
+            "the pin records model changes this budgettune cannot make: "
+            f"{', '.join(unknown)[:200]}; upgrade budgettune"
+        )
+
+
 def apply_model_changes(model: nn.Module, changes: Sequence[str]) -> tuple[str, ...]:
     """Make the model changes a trial recorded (a pin's ``model_changes``) on the job's model.
 
@@ -109,12 +123,7 @@ def apply_model_changes(model: nn.Module, changes: Sequence[str]) -> tuple[str, 
     Raises:
         SpecError: a change this budgettune does not know (a pin from a newer one).
     """
-    unknown = sorted(set(changes) - set(KNOWN_MODEL_CHANGES))
-    if unknown:
-        raise SpecError(
-            f"the pin records model changes this budgettune cannot make: {', '.join(unknown)}; "
-            "upgrade budgettune"
-        )
+    check_model_changes(changes)
     made: tuple[str, ...] = ()
     if USE_CACHE_OFF in changes:
         made += turn_off_kv_cache(model)
