@@ -310,12 +310,12 @@ def test_fitting_references_are_the_candidates_sharing_their_configuration() -> 
 
 
 def test_noisy_fresh_runs_are_said_in_one_line() -> None:
-    from budgettune.search.pin import noise_notice
+    from budgettune.search.pin import noise_notice, noise_of
 
     candidates = _candidates(2)
     quiet = {0: [_result(90, 10.1)], 1: [_result(90, 11.05)]}
-    assert noise_notice(candidates, quiet) is None
+    assert noise_notice(noise_of(candidates, quiet)) is None
     # issue 45: a 22.5 ms trial re-measured at 2476-3001 ms was printed without a word
     busy = {0: [_result(90, 2476.0), _result(90, 3001.0)], 1: [_result(90, 11.0)]}
-    said = noise_notice(candidates, busy)
+    said = noise_notice(noise_of(candidates, busy))
     assert said is not None and "too busy" in said and "\n" not in said

@@ -143,12 +143,12 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     if found is None:
         raise no_feasible_error(searcher, after_reverify=True)
     (candidate, results), reverified = found
-    said = noise_notice([c for c in candidates if c.trial_number in reverified], reverified)
+    noise = noise_of([c for c in candidates if c.trial_number in reverified], reverified)
+    said = noise_notice(noise)
     if said is not None:
         searcher.observer.notice(said)
     pinned_reference = next((n for n, c in references.items() if c == candidate), None)
     if pinned_reference is not None and len(candidates) > 1:
-        noise = noise_of([c for c in candidates if c.trial_number in reverified], reverified)
         searcher.observer.notice(
             f"the pin is the {pinned_reference} reference itself (trial "
             f"{candidate.trial_number}): no searched configuration under the limit ran faster "
@@ -218,11 +218,9 @@ said to be noisy: the host is too busy to rank configurations closer than that (
 trial of 22.5 ms re-measured at 2476-3001 ms on a busy host, printed without a word)."""
 
 
-def noise_notice(
-    candidates: Sequence[Candidate], reverified: dict[int, list[TrialResult]]
-) -> str | None:
-    """One line when the re-measured runs are noisier than `NOISY` (None: they are not)."""
-    noise = noise_of(candidates, reverified)
+def noise_notice(noise: float) -> str | None:
+    """One line when the re-measured runs' noise (`noise_of`) is above `NOISY` (None: it is
+    not)."""
     if noise <= NOISY:
         return None
     return (
