@@ -29,7 +29,7 @@ from typing import Any
 
 import optuna
 
-from budgettune.cli.app import default_device, quiet_background
+from budgettune.cli.app import default_device, files_read, quiet_background
 from budgettune.cli.progress import SearchProgress
 from budgettune.errors import UsageError
 from budgettune.integrations.trainer_workload import write_workload
@@ -38,7 +38,6 @@ from budgettune.search.run import run_search
 from budgettune.search.study_file import build_search_spec, merge, read_study_file
 from budgettune.search.study_schema import check_study_values
 from budgettune.search.workers import gpu_groups, group_device
-from budgettune.storage.engine import storage_files
 
 Builder = Callable[..., Any]
 
@@ -111,7 +110,7 @@ def search(
         raise UsageError(f"budgettune.search: pass {taken[0]!r} as its own argument")
     settings = check_study_values("budgettune.search()", settings)  # today's key names
     output = Path(output)
-    read = [*storage_files(settings.get("storage_url")), *([study_file] if study_file else [])]
+    read = files_read(settings.get("storage_url"), study_file)
     check_pin_output(output, what="output", force=force, protected=read)  # before any write
     if _is_trainer(build):
         build = write_workload(build, workload_dir)
@@ -132,8 +131,8 @@ def search(
     if gpu_list and "device" not in values:
         values["device"] = group_device(gpu_groups(gpu_list, values.get("nproc_per_node", 1))[0])
     spec = build_search_spec(values, default_device=default_device(values["workload"]))
-    protected = [*storage_files(spec.storage_url), *([study_file] if study_file else [])]
-    check_pin_output(output, what="output", force=force, protected=protected)
+    read = files_read(spec.storage_url, study_file)  # a study file's storage too
+    check_pin_output(output, what="output", force=force, protected=read)
     with _importable_by_trials(import_root), _quiet_background():
         if progress:
             with SearchProgress() as shown:

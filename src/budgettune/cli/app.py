@@ -61,6 +61,14 @@ STUDY_OPTION = typer.Option(
 """The study option of the commands that read one study (``--study`` still read)."""
 
 
+def files_read(storage_url: str | None, *files: str | Path | None) -> list[Path]:
+    """What a command reads, which its ``--output`` must never replace: the storage's SQLite
+    database and journals (none for a server) and the given files (None: not given)."""
+    from budgettune.storage.engine import storage_files
+
+    return [*storage_files(storage_url), *(Path(f) for f in files if f is not None)]
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version

@@ -13,6 +13,7 @@ from budgettune.cli.app import (
     STORAGE_OPTION,
     app,
     default_device,
+    files_read,
     handles_errors,
     parse_options,
     print_json,
@@ -87,10 +88,8 @@ def search(
     from budgettune.search.space import parse_fixed
     from budgettune.search.spec import DEFAULT_WORKLOAD
     from budgettune.search.study_file import build_search_spec, merge, read_study_file
-    from budgettune.storage.engine import storage_files
-
     flags = study_flags(study or {})
-    read = [*storage_files(flags.get("storage_url")), *([study_file] if study_file else [])]
+    read = files_read(flags.get("storage_url"), study_file)
     check_pin_output(output, force=force, protected=read)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
     gpu_list: list[int] = _csv(gpus, int, flag="--gpus") or []
@@ -112,7 +111,7 @@ def search(
     spec = build_search_spec(
         values, default_device=default_device(values.get("workload") or DEFAULT_WORKLOAD)
     )
-    read = [*storage_files(spec.storage_url), *([study_file] if study_file else [])]
+    read = files_read(spec.storage_url, study_file)
     check_pin_output(output, force=force, protected=read)  # the study file's storage too
     quiet_background()
     started = time.monotonic()

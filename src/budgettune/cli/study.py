@@ -14,6 +14,7 @@ from budgettune.cli.app import (
     app,
     check_count,
     default_run_dir,
+    files_read,
     handles_errors,
     print_json,
     stderr,
@@ -124,10 +125,7 @@ def export(
     from budgettune.pinning import check_pin_output, load_pinned, parse_pin, write_pin
 
     if output_format is ExportFormat.json:
-        from budgettune.storage.engine import storage_files
-
-        protected = [*storage_files(storage), *([pin] if pin is not None else [])]
-        check_pin_output(output, force=force, protected=protected)
+        check_pin_output(output, force=force, protected=files_read(storage, pin))
     if pin is not None:
         pinned = load_pinned(pin, warn=False, apply_allocator=False)
         document = dict(pinned.document)
