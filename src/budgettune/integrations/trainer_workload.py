@@ -42,9 +42,11 @@ log = logging.getLogger(__name__)
 BUILD_FILE = "build.py"
 TRAINER_FILE = "trainer.json"
 BATCH_FILE = "batch.pt"
+_MARKER = "written by budgettune.integrations.transformers.write_workload"
+"""In every ``build.py`` `write_workload` writes: its folder may be written again."""
 _BUILD_TEMPLATE = '''"""A budgettune workload: a transformers Trainer's {model_class}
 (its config.json, random weights) and first batch ({batch}),
-written by budgettune.integrations.transformers.write_workload.
+{marker}.
 
     budgettune search --workload {reference} --max-mem 20GB
 
@@ -173,6 +175,7 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
     (out / BUILD_FILE).write_text(
         _BUILD_TEMPLATE.format(
+            marker=_MARKER,
             model_class=cls.__name__,
             batch=shapes,
             reference=reference,
@@ -183,8 +186,6 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     return reference
 
 
-_MARKER = "written by budgettune.integrations.transformers.write_workload"
-"""The line of a ``build.py`` that `write_workload` wrote: its folder may be written again."""
 WRITTEN_FILES = (BUILD_FILE, TRAINER_FILE, BATCH_FILE, "config.json", "generation_config.json")
 """What `write_workload` writes into its folder."""
 
