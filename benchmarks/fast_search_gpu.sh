@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
 # Issue 44 on a GPU host: the searches before and after, timed from the command to the pin,
-# their phase tables, their pins head to head, and the pin in a cold job.
+# their phase tables, their pins head to head, and the pins in cold jobs.
 #
-#   bash benchmarks/fast_search_gpu.sh WAIT_S JOB...        (device; .whl carried)
+#   bash benchmarks/fast_search_gpu.sh WAIT_S PHASE...        (device; .whl carried)
 #
 # .whl holds the wheels device_env.sh installs (the project as it is now among them) and
 # .whl/before/ a wheel of the project as it was before issue 44 (installed into
-# /tmp/site-before, ahead of /tmp/site on the path of the "before" jobs). JOBs, run in turn
-# on GPU 0 (CUDA_VISIBLE_DEVICES=0; one GPU is what the issue times):
-#   check         benchmarks.fast_search check (trial server on CUDA, NVML per process, ...)
-#   l1-before     studies/llama-1b.toml at L1 (19.015 GB, 2 % margin), 20 trials, old code
-#   l1-after      the same, this code, --trials-per-gpu $TRIALS_PER_GPU (default 3)
-#   gpt2m-before  GPT-2 medium (hf:gpt2, 24 x 1024, batch 8 x 1024) under grid30's 10.521 GB,
-#                 20 trials, old code
-#   gpt2m-after   the same, this code, --trials-per-gpu $TRIALS_PER_GPU (default 3)
-#   vs-l1 / vs-gpt2m   the after pin against the before pin (or, without one, grid30's seed-0
-#                 pin), 3 rounds (benchmarks.fast_search versus)
-#   job-l1 / job-gpt2m  benchmarks/pin_in_job.py on the after pin, cold compile caches
-# Like wall_gpu.sh: the first call starts a detached driver (state in /tmp/bt-fast), every call
-# waits up to WAIT_S seconds and brings back fast.tar; make the next call at once.
+# /tmp/site-before, ahead of /tmp/site on the path of the "before" searches). The PHASEs run
+# in turn; a phase is TASKs separated by spaces, run at once; a TASK is STEP[+STEP...]@GPUS:
+# its steps in turn on those GPUs (CUDA_VISIBLE_DEVICES) and on their share of the host's
+# cores (taskset: cores / GPUs per GPU), so tasks beside each other do not take each other's
+# CPUs. Steps:
+#   probe, check   benchmarks.fork_cuda_probe and benchmarks.fast_search check (trial servers
+#                  on CUDA, NVML per process, compile callbacks)
+#   l1-before, l1-after      studies/llama-1b.toml at L1 (19.015 GB, 2 % margin), 20 trials,
+#                  sampler seed 0, on the task's GPUs (--gpus when more than one); before: the
+#                  old code; after: this code with --trials-per-gpu $TRIALS_PER_GPU (default 4,
+#                  3 on cards under 100 GB)
+#   gpt2m-before, gpt2m-after   GPT-2 medium (hf:gpt2, 24 x 1024, batch 8 x 1024) under
+#                  grid30's 10.521 GB, 20 trials, seed 0, likewise
+#   vs-l1          the newest l1-after pin against the newest l1-before pin, 3 rounds
+#   vs-gpt2m       the newest gpt2m-after pin against grid30's seed-0 pin, 3 rounds
+#                  (benchmarks.fast_search versus); vs-gpt2m-run2: run 2's committed pin
+#                  (h200-fast-search-2026-11-28/run2) against it
+#   job-l1, job-gpt2m, job-gpt2m-run2   benchmarks/pin_in_job.py on that pin, cold caches
+#   numerics       issue 45's GPU checks: tiny GPT-2 with dropout 0.1 and a tiny Mixtral
+#                  under budget 1.0, full and op block AC (inductor): loss and grad norm
+# A search's study is named STEP-NgpuS (its pin STEP-Ngpu-pin.json). Like wall_gpu.sh: the
+# first call starts a detached driver (state in /tmp/bt-fast), every call waits up to WAIT_S
+# seconds and brings back fast.tar; make the next call at once.
 set -uo pipefail
-[ $# -ge 2 ] && [ "$1" -ge 0 ] 2>/dev/null || { echo "usage: bash benchmarks/fast_search_gpu.sh WAIT_S JOB..." >&2; exit 2; }
+[ $# -ge 2 ] && [ "$1" -ge 0 ] 2>/dev/null || { echo "usage: bash benchmarks/fast_search_gpu.sh WAIT_S PHASE..." >&2; exit 2; }
 wait_s=$1
 shift
 state=/tmp/bt-fast
@@ -39,68 +49,115 @@ if bt_needs_driver "$state"; then
         python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
         nproc
     } > "$state/out/device.txt" 2>&1
-    cat > "$state/driver.sh" <<EOF
-#!/usr/bin/env bash
-cd "$PWD"
-source benchmarks/device_env.sh
-export CUDA_VISIBLE_DEVICES=0
-state=$state
-EOF
+    {
+        echo "#!/usr/bin/env bash"
+        echo "cd \"$PWD\""
+        echo "source benchmarks/device_env.sh"
+        echo "state=$state"
+        printf 'phases=('; printf '%q ' "$@"; echo ')'
+    } > "$state/driver.sh"
     cat >> "$state/driver.sh" <<'EOF'
+host_gpus=$(nvidia-smi -L | wc -l)
+per_gpu=$(( $(nproc) / host_gpus ))
+card_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
 gpt2m=(--workload hf:gpt2 -o n_layer=24 -o n_embd=1024 -o n_head=16 -o batch_size=8
        -o seq_len=1024 --device cuda --max-mem 10.521GB --num-trials 20 --seed 0)
 l1=(studies/llama-1b.toml --max-mem 19.015GB --margin 0.02 --num-trials 20 --seed 0)
-search() {  # $1: name, $2: before|after, then the search's arguments
-    local name=$1 code=$2 start
-    shift 2
-    local extra=()
-    [ "$code" = after ] && extra=(--trials-per-gpu "${TRIALS_PER_GPU:-3}")
+grid30_s0=benchmarks/results/grid30/pins/grid30-gpt2m-s0-pin.json
+run2=benchmarks/results/h200-fast-search-2026-11-28/run2/gpt2m-after-pin.json
+newest() { ls -t "$state"/out/$1-*gpu-pin.json 2>/dev/null | head -n 1; }
+search() {  # $1: the step (WORKLOAD-before|after), then the search's arguments
+    local step=$1 code=${1#*-} start
+    shift
+    local n
+    n=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | wc -l)
+    local name=$step-${n}gpu extra=()
+    [ "$n" -gt 1 ] && extra+=(--gpus "$(seq -s, 0 $((n - 1)))")
+    if [ "$code" = after ]; then
+        local per=${TRIALS_PER_GPU:-4}
+        [ "$step" = l1-after ] && [ "$card_mib" -lt 100000 ] && per=${TRIALS_PER_GPU:-3}
+        extra+=(--trials-per-gpu "$per")
+    fi
     local path=$PYTHONPATH
     [ "$code" = before ] && path=/tmp/site-before:$PYTHONPATH
-    echo "== $name: $(date -u +%FT%TZ)"
+    echo "== $name on GPUs $CUDA_VISIBLE_DEVICES: $(date -u +%FT%TZ)"
     start=$(date +%s.%N)
     PYTHONPATH=$path python3 -m budgettune.cli search "$@" "${extra[@]}" \
         --storage-url "sqlite:///$state/out/$name.db" --study-name "$name" \
         --runs-dir "$state/runs-$name" --output "$state/out/$name-pin.json" \
         > "$state/out/$name.txt" 2>&1
     local code_=$?
-    echo "{\"name\": \"$name\", \"exit\": $code_, \"command_wall_s\": $(python3 -c "import time; print(round(time.time() - $start, 1))"), \"date\": \"$(date -u +%FT%TZ)\"}" >> "$state/out/walls.jsonl"
+    echo "{\"name\": \"$name\", \"gpus\": \"$CUDA_VISIBLE_DEVICES\", \"cores\": \"$CORES\", \"exit\": $code_, \"command_wall_s\": $(python3 -c "import time; print(round(time.time() - $start, 1))"), \"date\": \"$(date -u +%FT%TZ)\"}" >> "$state/out/walls.jsonl"
     echo "== $name: exit $code_, $(date -u +%FT%TZ)"
     tail -n 3 "$state/out/$name.txt"
 }
 versus() {  # $1: name, $2: the after pin, $3: the before pin
-    echo "== vs-$1: $(date -u +%FT%TZ)"
+    echo "== vs-$1: $2 against $3, $(date -u +%FT%TZ)"
     python3 -m benchmarks.fast_search versus --pins "$2" "$3" --rounds 3 \
         --out "$state/out/vs-$1.jsonl" --runs-dir "$state/runs-vs-$1" > "$state/out/vs-$1.txt" 2>&1
     tail -n 2 "$state/out/vs-$1.txt"
 }
 job() {  # $1: name, $2: pin
-    echo "== job-$1: $(date -u +%FT%TZ)"
-    python3 benchmarks/pin_in_job.py --pin "$2" --output "$state/out/job-$1.json" \
+    echo "== job-$1: $2, $(date -u +%FT%TZ)"
+    rm -rf "$state/job-cache-$1"  # cold: compile caches of its own, empty
+    TORCHINDUCTOR_CACHE_DIR=$state/job-cache-$1/inductor TRITON_CACHE_DIR=$state/job-cache-$1/triton \
+        python3 benchmarks/pin_in_job.py --pin "$2" --output "$state/out/job-$1.json" \
         > "$state/out/job-$1.txt" 2>&1
     echo "== job-$1: exit $?"; tail -n 3 "$state/out/job-$1.txt"
 }
-before_pin() {  # the before search's pin, else grid30's seed-0 pin of that workload
-    if [ -f "$state/out/$1-before-pin.json" ]; then echo "$state/out/$1-before-pin.json"
-    else echo "benchmarks/results/grid30/pins/$2"; fi
+trial_json() {  # $1: name, then the trial's arguments
+    local name=$1
+    shift
+    python3 -m budgettune.cli trial "$@" --device cuda --json > "$state/out/numerics-$name.json" \
+        2> "$state/out/numerics-$name.err"
+    echo "== numerics $name: exit $?"
 }
-for step in "$@"; do
-    case $step in
+numerics() {
+    local gpt=(-w hf:gpt2 -o tiny=true -o keep_dropout=true -o resid_pdrop=0.1 -o embd_pdrop=0.1
+               -o attn_pdrop=0.1 -o batch_size=8 -o seq_len=256)
+    local moe=(-w hf:mixtral -o tiny=true -o batch_size=4 -o seq_len=256)
+    trial_json dropout-budget-1.0 "${gpt[@]}"
+    trial_json dropout-full "${gpt[@]}" --block-ac-every 1 --block-ac-policy full
+    trial_json dropout-op "${gpt[@]}" --block-ac-every 1 --block-ac-policy op
+    trial_json dropout-budget-0.5 "${gpt[@]}" --activation-memory-budget 0.5
+    trial_json mixtral-budget-1.0 "${moe[@]}"
+    trial_json mixtral-full "${moe[@]}" --block-ac-every 1 --block-ac-policy full
+    trial_json mixtral-op "${moe[@]}" --block-ac-every 1 --block-ac-policy op
+}
+run_step() {
+    case $1 in
+        probe) python3 -m benchmarks.fork_cuda_probe --out "$state/out/probe.json" \
+                   transformers.models.gpt2.modeling_gpt2 transformers.models.llama.modeling_llama \
+                   > "$state/out/probe.txt" 2>&1; echo "== probe: exit $?"; cat "$state/out/probe.txt" ;;
         check) python3 -m benchmarks.fast_search check --out "$state/out/check.json" \
                    > "$state/out/check.txt" 2>&1; echo "== check: exit $?" ;;
-        l1-before|l1-after) search "$step" "${step#l1-}" "${l1[@]}" ;;
-        gpt2m-before|gpt2m-after) search "$step" "${step#gpt2m-}" "${gpt2m[@]}" ;;
-        vs-l1) versus l1 "$state/out/l1-after-pin.json" "$(before_pin l1 none)" ;;
-        vs-gpt2m) versus gpt2m "$state/out/gpt2m-after-pin.json" \
-                      "$(before_pin gpt2m grid30-gpt2m-s0-pin.json)" ;;
-        job-l1) job l1 "$state/out/l1-after-pin.json" ;;
-        job-gpt2m) job gpt2m "$state/out/gpt2m-after-pin.json" ;;
-        *) echo "unknown job $step" ;;
+        l1-before|l1-after) search "$1" "${l1[@]}" ;;
+        gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
+        vs-l1) versus l1 "$(newest l1-after)" "$(newest l1-before)" ;;
+        vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;
+        vs-gpt2m-run2) versus gpt2m-run2 "$run2" "$grid30_s0" ;;
+        job-l1) job l1 "$(newest l1-after)" ;;
+        job-gpt2m) job gpt2m "$(newest gpt2m-after)" ;;
+        job-gpt2m-run2) job gpt2m-run2 "$run2" ;;
+        numerics) numerics ;;
+        *) echo "unknown step $1" ;;
     esac
+}
+run_task() {  # STEP[+STEP...]@GPUS
+    local steps=${1%@*} gpus=${1#*@} cores="" g
+    for g in ${gpus//,/ }; do cores+="${cores:+,}$((g * per_gpu))-$(((g + 1) * per_gpu - 1))"; done
+    export CUDA_VISIBLE_DEVICES=$gpus CORES=$cores
+    taskset -a -c -p "$cores" "$BASHPID" > /dev/null  # this subshell and all it starts
+    local step
+    for step in ${steps//+/ }; do run_step "$step"; done
+}
+for phase in "${phases[@]}"; do
+    echo "== phase: $phase, $(date -u +%FT%TZ)"
+    for task in $phase; do run_task "$task" & done
+    wait
 done
 echo "== driver done"
 EOF
-    sed -i "s|^for step in \"\$@\"; do|for step in $*; do|" "$state/driver.sh"
     bt_start_driver "$state"
 fi
 

@@ -57,6 +57,9 @@ COMPILER_MODULES = (
 )
 """What every served trial starts with (each one a trial would import anyway)."""
 
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""Set in the server: its imports' CUDA availability checks ask NVML, not the CUDA driver."""
+
 
 def _reply(message: Mapping[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
@@ -200,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules = list(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the launcher's to handle
     started = time.monotonic()
+    # torch.cuda.is_available() asks the CUDA driver (cuInit) unless told to ask NVML, and a
+    # process forked after cuInit cannot start CUDA; the compiler's imports call it. The
+    # trials' own environment (which replaces this one in each child) is left as it is.
+    os.environ[NVML_CHECK] = "1"
     failed = _preload([*COMPILER_MODULES, *modules])
     if "torch" in failed:
         _reply({"error": "torch could not be imported"})
