@@ -114,8 +114,8 @@ trial_json() {  # $1: name, then the trial's arguments
 }
 numerics() {
     local gpt=(-w hf:gpt2 -o tiny=true -o keep_dropout=true -o resid_pdrop=0.1 -o embd_pdrop=0.1
-               -o attn_pdrop=0.1 -o batch_size=8 -o seq_len=256)
-    local moe=(-w hf:mixtral -o tiny=true -o batch_size=4 -o seq_len=256)
+               -o attn_pdrop=0.1 -o batch_size=8 -o seq_len=128)
+    local moe=(-w hf:mixtral -o tiny=true -o batch_size=4 -o seq_len=128)
     trial_json dropout-budget-1.0 "${gpt[@]}"
     trial_json dropout-full "${gpt[@]}" --block-ac-every 1 --block-ac-policy full
     trial_json dropout-op "${gpt[@]}" --block-ac-every 1 --block-ac-policy op

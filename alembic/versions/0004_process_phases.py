@@ -1,5 +1,5 @@
-"""process phases and cold starts: where each run's wall time went (start, imports, compile,
-...) and whether its compile caches started empty, on bt_measurements
+"""process phases: where each run's wall time went (start, imports, compile, ...), on
+bt_measurements (whether its compile caches started empty came later: 0005)
 
 Revision ID: 0004
 Revises: 0003
@@ -23,10 +23,8 @@ def upgrade() -> None:
     # batch mode: SQLite cannot ALTER much, alembic recreates the table there.
     with op.batch_alter_table("bt_measurements") as batch:
         batch.add_column(sa.Column("phases_json", sa.Text(), nullable=True))
-        batch.add_column(sa.Column("cold_caches", sa.Boolean(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("bt_measurements") as batch:
-        batch.drop_column("cold_caches")
         batch.drop_column("phases_json")

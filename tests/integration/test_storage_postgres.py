@@ -101,7 +101,7 @@ def test_migration_from_empty_and_from_revision_0001(pg_url: str) -> None:
         connection.execute("ALTER TABLE bt_measurements DROP COLUMN host_peak_bytes")  # 0003
         connection.execute("ALTER TABLE bt_measurements DROP COLUMN offload_bytes")
         connection.execute("ALTER TABLE bt_measurements DROP COLUMN phases_json")  # 0004
-        connection.execute("ALTER TABLE bt_measurements DROP COLUMN cold_caches")
+        connection.execute("ALTER TABLE bt_measurements DROP COLUMN cold_caches")  # 0005
         connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0001'")
     with pytest.raises(SchemaBehindError, match="budgettune db upgrade"):
         open_storage(pg_url)

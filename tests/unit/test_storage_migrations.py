@@ -29,7 +29,7 @@ REV0001_DB = Path(__file__).parents[1] / "data" / "budgettune-rev0001.db"
 
 
 def test_head_revision_is_the_newest_script() -> None:
-    assert migrations.known_revisions() == [HEAD_REVISION, "0003", "0002", "0001"]
+    assert migrations.known_revisions() == [HEAD_REVISION, "0004", "0003", "0002", "0001"]
 
 
 def test_scripts_are_found_through_the_installed_package() -> None:
@@ -41,6 +41,7 @@ def test_scripts_are_found_through_the_installed_package() -> None:
         "0002_pins_and_phases.py",
         "0003_host_figures.py",
         "0004_process_phases.py",
+        "0005_cold_caches.py",
     ]
 
 
@@ -160,3 +161,27 @@ def test_a_committed_revision_0003_study_upgrades_and_reads_without_phases(
         assert len(runs) == 27  # 12 trials and 15 re-measurements, as the issue counted
         assert all(r.phases_s == {} and not r.cold_caches for r in runs)
         assert sum(r.wall_s for r in runs) == pytest.approx(992.2, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    ("kept", "study", "cold_runs"),
+    [
+        # written by revision 0004 as first released (phases, no cold_caches column)
+        ("h200x4-fast-search-2026-11-28/l1-before-2gpu.db", "l1-before-2gpu", 0),
+        # written by revision 0004 as it was later (both columns)
+        ("h200-fast-search-2026-11-28/run2/gpt2m-after.db", "gpt2m-after", 7),
+    ],
+)
+def test_both_kinds_of_revision_0004_database_upgrade_to_0005(
+    tmp_path: Path, kept: str, study: str, cold_runs: int
+) -> None:
+    # the first kind read "no such column: bt_measurements.cold_caches" at 0004
+    db = tmp_path / "study.db"
+    shutil.copyfile(Path(__file__).parents[2] / "benchmarks/results" / kept, db)
+    with pytest.raises(SchemaBehindError, match="budgettune db upgrade"):
+        open_storage(str(db))
+    assert upgrade(str(db)) == ("0004", HEAD_REVISION)
+    with open_storage(str(db), create=False) as storage:
+        runs = storage.measurements(study)
+        assert runs and all(r.phases_s for r in runs)
+        assert sum(bool(r.cold_caches) for r in runs) == cold_runs

@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import queue
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from budgettune.storage import Storage
+from budgettune.trial.cpu_cores import CPUS_ENV
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.results import TrialResult
 from budgettune.trial.servers import TrialServers
@@ -139,9 +140,7 @@ def run_batch(
     return [[r for r in rs if r is not None] for rs in results]
 
 
-def cold_once(
-    jobs: Sequence[FreshJob], kept: Sequence[Sequence[TrialResult]]
-) -> list[FreshJob]:
+def cold_once(jobs: Sequence[FreshJob], kept: Sequence[Sequence[TrialResult]]) -> list[FreshJob]:
     """The jobs, each asking for a cold run only if none of its runs ``kept`` was one."""
     return [
         dataclasses.replace(job, cold=job.cold and not any(r.cold_caches for r in old))
@@ -149,11 +148,23 @@ def cold_once(
     ]
 
 
-def launcher(timeout_s: float, servers: TrialServers | None = None) -> Launch:
-    """`launch_trial` with the search's timeout and trial servers."""
+def launcher(
+    timeout_s: float,
+    servers: TrialServers | None = None,
+    cpu_shares: Mapping[str, str] | None = None,
+) -> Launch:
+    """`launch_trial` with the search's timeout and trial servers; a run on a device that
+    ``cpu_shares`` names keeps to that share of the cores (`budgettune.trial.cpu_cores`)."""
 
     def launch(run: TrialRun, run_dir: Path) -> TrialResult:
-        return launch_trial(run, run_dir=run_dir, timeout_s=timeout_s, servers=servers)
+        share = (cpu_shares or {}).get(run.device)
+        return launch_trial(
+            run,
+            run_dir=run_dir,
+            timeout_s=timeout_s,
+            servers=servers,
+            extra_env={CPUS_ENV: share} if share else None,
+        )
 
     return launch
 

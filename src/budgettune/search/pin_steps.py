@@ -79,6 +79,11 @@ class PinSteps(Protocol):
         """The study's run folder (trial logs)."""
         ...
 
+    @property
+    def fresh_slots(self) -> int:
+        """How many fresh runs go out at once (the search's device slots; 1 on one device)."""
+        ...
+
     def fresh_batch(
         self, jobs: Sequence[FreshJob], runs: int | None = None
     ) -> list[list[TrialResult]]:

@@ -105,13 +105,27 @@ def _rounds(
     *,
     first: bool,
 ) -> None:
-    """Re-measure ``batch`` in rounds until its leader stands alone (`contenders`)."""
+    """Re-measure ``batch`` in rounds until its leader stands alone (`contenders`).
+
+    Where the search has more fresh-run slots than the pool has candidates, rounds go out
+    together (as many as the slots hold, up to ``--reverify-runs``): a round costs a compile's
+    wall whatever it holds (45-55 s for full block AC), and three rounds one after another were
+    five minutes of a 4-GPU search of 16 slots (issue 44). The first batch's first runs are
+    then all cold starts (in parallel, at no extra wall), so whichever wins has its cold run.
+    """
     pool = list(batch)
-    for round_ in range(1, searcher.search.reverify_runs + 1):
-        # the fastest trial's first fresh run is a cold start: most often it is the winner
-        jobs = [_job(c, cold=first and round_ == 1 and i == 0) for i, c in enumerate(pool)]
-        for candidate, runs in zip(pool, searcher.fresh_batch(jobs, runs=round_), strict=True):
-            reverified[candidate.trial_number] = runs
+    wanted = searcher.search.reverify_runs
+    slots = max(1, searcher.fresh_slots)
+    runs = 0
+    while runs < wanted:
+        at_once = max(1, min(wanted - runs, slots // len(pool)))
+        # the fastest trial's first fresh run is a cold start (most often it is the winner);
+        # every candidate's, when they all go out at once
+        cold = [first and runs == 0 and (i == 0 or len(pool) <= slots) for i in range(len(pool))]
+        jobs = [_job(c, cold=cold_start) for c, cold_start in zip(pool, cold, strict=True)]
+        runs += at_once
+        for candidate, results in zip(pool, searcher.fresh_batch(jobs, runs=runs), strict=True):
+            reverified[candidate.trial_number] = results
         ranked = _ranked(searcher, tried, reverified)
         noise = noise_of(tried, reverified)
         pool = [c for c in contenders(ranked, noise) if c in batch]

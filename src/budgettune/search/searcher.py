@@ -68,6 +68,7 @@ from budgettune.storage.user_attrs import (
     WORKER_ATTR,
     result_attrs,
 )
+from budgettune.trial.cpu_cores import cpu_shares
 from budgettune.trial.launcher import launch_trial, trial_servers
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
@@ -116,6 +117,9 @@ class Searcher:
         self.running_trial: int | None = None
         """The number of the trial this process is running, while it runs."""
         self.devices = tuple(devices)
+        self.cpu_shares = cpu_shares(self.devices)  # for the fresh runs on each (several GPUs)
+        self.fresh_slots = max(1, len(self.devices))
+        """How many fresh runs go out at once: one per device slot (1 on one device)."""
         self.servers = trial_servers(search.trial_run(search.base), self.runs_dir / "servers")
         """Pre-imported trial servers the trials and fresh runs of this process fork from
         (the first trial of an environment starts one, and forks from it once it is ready)."""
@@ -371,7 +375,7 @@ class Searcher:
             make_run=self.search.trial_run,
             runs_dir=self.runs_dir,
             devices=self.devices,
-            launch=launcher(self.search.trial_timeout_s, self.servers),
+            launch=launcher(self.search.trial_timeout_s, self.servers, self.cpu_shares),
             on_phase=self.on_phase,
             finish=finish,
             first_repeat=[len(old) for old in kept],

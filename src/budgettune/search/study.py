@@ -6,6 +6,7 @@ are `storage.user_attrs`).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from budgettune.search.spec import STUDY_NAME_PATTERN, SearchSpec
+from budgettune.search.spec import MAX_SEED, STUDY_NAME_PATTERN, SearchSpec
 from budgettune.search.structured import settle_probes, wants_structured_opening
 from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
 from budgettune.storage.user_attrs import violation_of
@@ -112,6 +113,31 @@ def default_study_name(
         return safe
     digest = hashlib.sha256(full.encode()).hexdigest()[:10]
     return f"{safe[:180]}-{digest}"
+
+
+SAMPLER_STREAM_ENV = "BUDGETTUNE_SAMPLER_STREAM"
+"""Set by `budgettune.search.workers.run_gpu_workers` for each worker it starts (1, 2, ...):
+the worker's own stream of the study's sampler seed (`worker_sampler_seed`)."""
+
+
+def worker_sampler_seed(seed: int | None, stream: int) -> int | None:
+    """A worker's sampler seed: the study's seed moved by the worker's ``stream``.
+
+    Every worker samples with its own sampler; with the study's seed as it is, each one's
+    random draws were the same, so a 4-GPU search of 16 workers ran one configuration 12
+    times (issue 44). A seeded study still searches reproducibly where one process runs its
+    trials; where workers race, the order they finish in decides anyway.
+    """
+    return None if seed is None else (seed + stream) % (MAX_SEED + 1)
+
+
+def sampler_stream() -> int:
+    """This worker's stream: `SAMPLER_STREAM_ENV` (from `run_gpu_workers`), else (a worker
+    started by hand) its process id, so that two such workers draw apart too."""
+    try:
+        return int(os.environ[SAMPLER_STREAM_ENV])
+    except (KeyError, ValueError):
+        return os.getpid()
 
 
 def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:

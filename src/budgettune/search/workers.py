@@ -38,10 +38,16 @@ from budgettune.errors import (
 )
 from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
 from budgettune.search.spec import SearchSpec, check_study_name
-from budgettune.search.study import SearchObserver
+from budgettune.search.study import (
+    SAMPLER_STREAM_ENV,
+    SearchObserver,
+    sampler_stream,
+    worker_sampler_seed,
+)
 from budgettune.search.target import TrialCount
 from budgettune.storage.coordination import database_errors
 from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
+from budgettune.trial.cpu_cores import CPUS_ENV, apply_cpu_share, cpu_shares
 from budgettune.trial.devices import check_device_available, cuda_device_count
 from budgettune.trial.processes import spawn
 from budgettune.trial.trial_run import DEVICE_PATTERN
@@ -118,6 +124,7 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
         StorageError: unreachable, schema ahead or behind, or lost mid-run (finished trials
             stay stored).
     """
+    apply_cpu_share()  # its GPU's share of the cores, from `run_gpu_workers`
     if job.device is not None:
         check_device_available(job.device)
     store = storage_mod.open_storage(
@@ -155,6 +162,7 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
     overrides: dict[str, object] = {
         "storage_url": store.url,
         "num_trials": job.max_trials or 1,
+        "sampler_seed": worker_sampler_seed(stored.get("sampler_seed"), sampler_stream()),
     }
     if job.device is not None:
         overrides["device"] = job.device
@@ -298,13 +306,19 @@ def run_gpu_workers(
             "and the free space on its disk"
         ) from exc
     env = {**os.environ, STORAGE_ENV: storage_url}
+    groups = gpu_groups(gpus, search.nproc_per_node)
+    shares = cpu_shares([group_device(group) for group in groups])
     workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
-        for group in gpu_groups(gpus, search.nproc_per_node):
+        for group in groups:
             for turn in range(search.trials_per_gpu):  # they take turns on their GPU
                 suffix = f"-{turn + 1}" if turn else ""
                 log_path = log_dir / f"cuda{'_'.join(map(str, group))}{suffix}.log"
-                workers.append(_start_worker(search, group, runs_dir, env, log_path))
+                own = {**env, SAMPLER_STREAM_ENV: str(len(workers) + 1)}
+                share = shares.get(group_device(group))
+                if share:
+                    own[CPUS_ENV] = share
+                workers.append(_start_worker(search, group, runs_dir, own, log_path))
         while any(process.poll() is None for _, process, _ in workers):
             time.sleep(PROGRESS_POLL_S)
             with database_errors(storage_url):

@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 from budgettune.errors import SchemaAheadError, SchemaBehindError, StorageError
 
 VERSION_TABLE = "budgettune_alembic_version"
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 """The revision this budgettune writes (a unit test checks it against the scripts)."""
 
 _logger = logging.getLogger(__name__)

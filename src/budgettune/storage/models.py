@@ -97,6 +97,7 @@ class MeasurementRow(Base):
     offload_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # revision 0004
     phases_json: Mapped[str | None] = mapped_column(Text)
+    # revision 0005
     cold_caches: Mapped[bool | None] = mapped_column(Boolean)
 
 

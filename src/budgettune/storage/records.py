@@ -110,7 +110,7 @@ class StoredMeasurement(StoredFigures):
     phases_s: Mapping[str, float] = field(default_factory=dict)
     """Seconds of each phase of the process (`TrialResult.phases_s`; empty before 0004)."""
     cold_caches: bool = False
-    """It started with empty compile caches (`TrialResult.cold_caches`; False before 0004)."""
+    """It started with empty compile caches (`TrialResult.cold_caches`; False before 0005)."""
     workload_fingerprint: Mapping[str, Any] | None = None
     """The fingerprint of the recorded workload with this digest, if recorded."""
     created_at: datetime

@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 
 from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
 from budgettune.trial import measure, recompute
+from budgettune.trial.cpu_cores import apply_cpu_share
 from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
 from budgettune.trial.dropout import active_dropout
 from budgettune.trial.environment import prepare_process_environment
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec_path, result_path = Path(args[0]), Path(args[1])
     clock = PhaseClock(launched_at())
+    apply_cpu_share()  # before anything starts a thread or a compile worker
     clock.lap("start")
     logging.basicConfig(
         level=logging.INFO,

@@ -202,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Import, say ready, serve requests until the input ends."""
     modules = list(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the launcher's to handle
+    from budgettune.trial.cpu_cores import apply_cpu_share
+
+    apply_cpu_share()  # its trials' share of the cores (their environment is its own)
     started = time.monotonic()
     # torch.cuda.is_available() asks the CUDA driver (cuInit) unless told to ask NVML, and a
     # process forked after cuInit cannot start CUDA; the compiler's imports call it. The

@@ -1,0 +1,149 @@
+"""CPU cores by GPU (`budgettune.trial.cpu_cores`) and each worker's sampler stream: what a
+search over several GPUs gives each GPU's worker, trials and fresh runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from budgettune.search.spec import MAX_SEED
+from budgettune.search.study import worker_sampler_seed
+from budgettune.trial.cpu_cores import (
+    CPUS_ENV,
+    apply_cpu_share,
+    cpu_shares,
+    format_cpu_list,
+    parse_cpu_list,
+)
+
+
+def test_cpu_lists_read_and_written_as_the_kernel_writes_them() -> None:
+    assert format_cpu_list([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    assert parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpu_list(format_cpu_list(range(16, 32))) == set(range(16, 32))
+    for bad in ("", "3-1", "a", "-1"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+
+
+def test_each_gpu_gets_its_own_even_share_and_one_gpu_none() -> None:
+    shares = cpu_shares(["cuda:0", "cuda:1", "cuda:2", "cuda:3"] * 4, cores=range(64))
+    assert shares == {"cuda:0": "0-15", "cuda:1": "16-31", "cuda:2": "32-47", "cuda:3": "48-63"}
+    # sharded groups share by group; an allowed set with holes splits by position
+    assert cpu_shares(["cuda:0,1", "cuda:2,3"], cores=[0, 1, 2, 3, 8, 9, 10, 11]) == {
+        "cuda:0,1": "0-3",
+        "cuda:2,3": "8-11",
+    }
+    assert cpu_shares(["cuda:0"] * 4, cores=range(16)) == {}  # trials of one GPU: no split
+    assert cpu_shares(["cuda:0", "cuda:1", "cuda:2"], cores=range(5)) == {}  # under 2 each
+
+
+def test_a_process_keeps_to_its_share_and_what_it_starts_inherits_it() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    share = format_cpu_list(allowed[:1])
+    code = (
+        "import os, subprocess, sys; from budgettune.trial.cpu_cores import apply_cpu_share; "
+        "print(sorted(apply_cpu_share())); sys.stdout.flush(); "
+        "subprocess.run([sys.executable, '-c', "
+        "'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, CPUS_ENV: share},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    assert out[0] == out[1] == str(allowed[:1])
+
+
+def test_a_share_that_cannot_be_applied_is_said_and_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = os.sched_getaffinity(0)
+    assert apply_cpu_share({}) is None
+    assert apply_cpu_share({CPUS_ENV: "not-a-list"}) is None
+    assert apply_cpu_share({CPUS_ENV: "4096-4100"}) is None  # cores this host lacks
+    assert os.sched_getaffinity(0) == before
+    assert sum(CPUS_ENV in r.getMessage() for r in caplog.records) == 2
+
+
+def test_workers_of_a_seeded_study_draw_apart() -> None:
+    # issue 44: 16 workers made one TPE sampler each with the study's seed, and 12 of their
+    # trials were the same configuration
+    assert worker_sampler_seed(None, 3) is None
+    seeds = [worker_sampler_seed(7, stream) for stream in range(1, 17)]
+    assert len(set(seeds)) == 16 and worker_sampler_seed(MAX_SEED, 1) == 0
+
+    def first_draw(seed: int | None) -> float:
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+        return study.ask().suggest_float("budget", 0.0, 1.0)
+
+    draws = [first_draw(seed) for seed in seeds]
+    assert len(set(draws)) == 16
+    assert first_draw(seeds[0]) == draws[0]  # a stream is still reproducible
+
+
+def test_each_gpu_worker_is_started_with_its_own_stream_and_its_gpus_share(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from budgettune.search import workers
+    from budgettune.search.space import SearchSpace
+    from budgettune.search.spec import SearchSpec
+    from budgettune.search.study import SearchObserver
+    from budgettune.search.target import TrialCount
+
+    search = SearchSpec(
+        workload="builtin:llama",
+        max_mem_bytes=10**10,
+        study_name="s",
+        device="cuda",
+        trials_per_gpu=2,
+        runs_dir=str(tmp_path),
+        space=SearchSpace.for_device("cuda"),
+    )
+    started: list[tuple[tuple[int, ...], dict[str, str]]] = []
+
+    def start(search, group, runs_dir, env, log_path):  # type: ignore[no-untyped-def]
+        started.append((group, env))
+        done = subprocess.Popen([sys.executable, "-c", "pass"])
+        done.wait()
+        return workers.group_device(group), done, log_path
+
+    class Study:
+        def count(self) -> TrialCount:
+            return TrialCount(target=4, counted=4, finished=4, waiting=0, running=0)
+
+        def best_feasible_ms(self) -> float | None:
+            return None
+
+    monkeypatch.setattr(workers, "_start_worker", start)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    workers.run_gpu_workers(
+        Study(), [0, 1], search=search, storage_url="sqlite://", observer=SearchObserver()
+    )
+    assert [(group, env[workers.SAMPLER_STREAM_ENV], env[CPUS_ENV]) for group, env in started] == [
+        ((0,), "1", "0-3"),
+        ((0,), "2", "0-3"),
+        ((1,), "3", "4-7"),
+        ((1,), "4", "4-7"),
+    ]
+
+
+def test_a_fresh_run_keeps_to_the_share_of_its_device(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from budgettune.search import fresh
+    from budgettune.trial.spec import TrialSpec
+    from budgettune.trial.trial_run import TrialRun
+
+    seen: list[object] = []
+    monkeypatch.setattr(fresh, "launch_trial", lambda run, **kw: seen.append(kw["extra_env"]))
+    launch = fresh.launcher(60.0, None, {"cuda:0": "0-3", "cuda:1": "4-7"})
+    for device in ("cuda:1", "cuda:0", "cuda:2"):
+        launch(TrialRun(spec=TrialSpec(), workload="builtin:llama", device=device), tmp_path)
+    assert seen == [{CPUS_ENV: "4-7"}, {CPUS_ENV: "0-3"}, None]
