@@ -132,7 +132,15 @@ def test_a_point_still_running_is_not_asked_twice_and_nothing_is_measured_again(
     search = _search(block_ac_every=(0, 1, 2), block_ac_policies=("full",))
     base = TrialSpec()
     running = Point(label="x", spec=structured_spec(base, "full", 2), finished=False)
-    assert next_structured(search, [running], base, ("full",)) is None
+    # while the middle stride runs, a parallel worker maps the next unknown one (issue 44: a
+    # 2-GPU search of 8 workers left its slots to the sampler and never measured "none")
+    step = next_structured(search, [running], base, ("full",))
+    assert step == (structured_label("full", 1), structured_spec(base, "full", 1))
+    also = [running, Point(label="y", spec=structured_spec(base, "full", 1), finished=False)]
+    step = next_structured(search, also, base, ("full",))
+    assert step == (structured_label("full", 0), structured_spec(base, "full", 0))
+    everything = [*also, Point(label="z", spec=structured_spec(base, "full", 0), finished=False)]
+    assert next_structured(search, everything, base, ("full",)) is None
     # the unconstrained baseline is the "none" point at the knobs as given: known already
     points = [
         _ok("unconstrained", structured_spec(base, "full", 0), 13.9, 50.0),
