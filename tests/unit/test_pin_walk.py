@@ -337,3 +337,22 @@ def test_with_slots_to_spare_the_rounds_go_out_together_each_with_a_cold_start()
     reverify_until_one_fits(searcher, _candidates(3, times))  # type: ignore[arg-type]
     assert searcher.batches == [[0, 1], [0, 1]]
     assert [len(searcher.runs[n]) for n in (0, 1)] == [3, 3]
+
+
+def test_report_references_join_the_first_round_only_where_the_slots_hold_them() -> None:
+    from budgettune.search.fresh import FreshJob
+
+    # the unconstrained baseline over the limit (trial 9) is re-measured for the report only:
+    # 2 candidates + it, 3 runs each, fit 9 slots at once; 8 slots do not
+    baseline = FreshJob(spec=TrialSpec(seed=9), number=9, run_name="b", phase="b", check=False)
+    times = {0: 10.0, 1: 10.06}
+    for slots, first_batch in ((9, [0, 1, 9]), (8, [0, 1])):
+        searcher = _Searcher(peaks={0: 90, 1: 90, 9: 130}, times=times, fresh_slots=slots)
+        found = reverify_until_one_fits(
+            searcher,
+            _candidates(2, times),  # type: ignore[arg-type]
+            alongside=[baseline],
+        )
+        assert found is not None and sorted(found[1]) == [0, 1]  # never a candidate
+        assert searcher.batches[0] == first_batch
+        assert len(searcher.runs.get(9, [])) == (3 if slots == 9 else 0)

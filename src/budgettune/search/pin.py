@@ -13,7 +13,7 @@ configuration without offload that fit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import optuna
 
@@ -64,6 +64,18 @@ def remeasure(
     Args:
         references: ((trial, its record) or None, name, check numerics) of each reference.
     """
+    out, jobs = _reference_jobs(searcher, references, reverified)
+    measured = iter(searcher.fresh_batch(jobs, runs=runs) if jobs else [])
+    return [results if results is not None else next(measured) for results in out]
+
+
+def _reference_jobs(
+    searcher: PinSteps,
+    references: Sequence[tuple[tuple[optuna.trial.FrozenTrial, TrialRecord] | None, str, bool]],
+    reverified: Mapping[int, list[TrialResult]],
+) -> tuple[list[list[TrialResult] | None], list[FreshJob]]:
+    """Per reference, the runs it shares with a re-verified candidate (or [] when it has no
+    measured trial; None: it needs fresh runs), and the jobs of those that need them."""
     trials = searcher.study.get_trials(deepcopy=False)
     out: list[list[TrialResult] | None] = []
     jobs: list[FreshJob] = []
@@ -90,8 +102,7 @@ def remeasure(
                 check=check,
             )
         )
-    measured = iter(searcher.fresh_batch(jobs, runs=runs) if jobs else [])
-    return [results if results is not None else next(measured) for results in out]
+    return out, jobs
 
 
 def reference_trial(record: TrialRecord | None, mem_metric: str) -> ReferenceTrial | None:
@@ -139,7 +150,33 @@ def pin_study(searcher: PinSteps) -> PinDocument:
         unmeasured = nothing_measured_error(searcher)
         raise unmeasured if unmeasured is not None else no_feasible_error(searcher)
     references = fitting_references(trials, candidates)
-    found = reverify_until_one_fits(searcher, candidates, list(references.values()))
+    unconstrained = baseline_trial(trials, UNCONSTRAINED)
+    status = baseline_status(
+        trials,
+        limit_bytes=search.max_mem_bytes,
+        mem_metric=search.mem_metric,
+        margin=search.margin,
+    )
+    full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
+    if full_ac is not None and full_ac[1].outcome is not TrialOutcome.OK:
+        full_ac = None
+    measured = unconstrained if status in ("ok", "over_limit") else None
+    op_sac = baseline_trial(trials, OP_SAC)
+    if op_sac is not None and op_sac[1].outcome is not TrialOutcome.OK:
+        op_sac = None
+    # the unconstrained baseline is the numerics reference itself: nothing to compare it with
+    report = [
+        (measured, "unconstrained", False),
+        (full_ac, "full-AC", True),
+        (op_sac, "op-SAC", True),
+    ]
+    # those no candidate shares (over the limit) can go out with the first round, where the
+    # slots hold them: they are re-measured for the report anyway
+    numbers = {c.trial_number for c in candidates}
+    alongside = [j for j in _reference_jobs(searcher, report, {})[1] if j.number not in numbers]
+    found = reverify_until_one_fits(
+        searcher, candidates, list(references.values()), alongside=alongside
+    )
     if found is None:
         raise no_feasible_error(searcher, after_reverify=True)
     (candidate, results), reverified = found
@@ -155,32 +192,9 @@ def pin_study(searcher: PinSteps) -> PinDocument:
             f"by more than the noise of the same fresh runs ({noise * 100:.1f} %), and of those "
             "as fast it peaks lowest"
         )
-    unconstrained = baseline_trial(trials, UNCONSTRAINED)
-    status = baseline_status(
-        trials,
-        limit_bytes=search.max_mem_bytes,
-        mem_metric=search.mem_metric,
-        margin=search.margin,
-    )
-    full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
-    if full_ac is not None and full_ac[1].outcome is not TrialOutcome.OK:
-        full_ac = None
-    measured = unconstrained if status in ("ok", "over_limit") else None
-    op_sac = baseline_trial(trials, OP_SAC)
-    if op_sac is not None and op_sac[1].outcome is not TrialOutcome.OK:
-        op_sac = None
     no_offload = fastest_without_offload(trials, candidates) if candidate.spec.offloads else None
-    # the unconstrained baseline is the numerics reference itself: nothing to compare it with
     baseline_runs, full_ac_runs, op_sac_runs, no_offload_runs = remeasure(
-        searcher,
-        [
-            (measured, "unconstrained", False),
-            (full_ac, "full-AC", True),
-            (op_sac, "op-SAC", True),
-            (no_offload, "no-offload", True),
-        ],
-        reverified,
-        len(results),
+        searcher, [*report, (no_offload, "no-offload", True)], reverified, len(results)
     )
     metric = search.mem_metric
     pin = build_pin(

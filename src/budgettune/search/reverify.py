@@ -104,6 +104,7 @@ def _rounds(
     reverified: Reverified,
     *,
     first: bool,
+    alongside: Sequence[FreshJob] = (),
 ) -> None:
     """Re-measure ``batch`` in rounds until its leader stands alone (`contenders`).
 
@@ -112,6 +113,8 @@ def _rounds(
     wall whatever it holds (45-55 s for full block AC), and three rounds one after another were
     five minutes of a 4-GPU search of 16 slots (issue 44). The first batch's first runs are
     then all cold starts (in parallel, at no extra wall), so whichever wins has its cold run.
+    ``alongside`` (references re-measured for the report only) join the first round where the
+    slots still hold them; their runs are stored, and counted when the report asks for them.
     """
     pool = list(batch)
     wanted = searcher.search.reverify_runs
@@ -123,8 +126,11 @@ def _rounds(
         # every candidate's, when they all go out at once
         cold = [first and runs == 0 and (i == 0 or len(pool) <= slots) for i in range(len(pool))]
         jobs = [_job(c, cold=cold_start) for c, cold_start in zip(pool, cold, strict=True)]
+        room = runs == 0 and (len(pool) + len(alongside)) * at_once <= slots
+        extra = list(alongside) if room else []
         runs += at_once
-        for candidate, results in zip(pool, searcher.fresh_batch(jobs, runs=runs), strict=True):
+        measured = searcher.fresh_batch([*jobs, *extra], runs=runs)
+        for candidate, results in zip(pool, measured, strict=False):
             reverified[candidate.trial_number] = results
         ranked = _ranked(searcher, tried, reverified)
         noise = noise_of(tried, reverified)
@@ -167,7 +173,11 @@ def _with_cold_run(
 
 
 def reverify_until_one_fits(
-    searcher: PinSteps, candidates: Sequence[Candidate], references: Sequence[Candidate] = ()
+    searcher: PinSteps,
+    candidates: Sequence[Candidate],
+    references: Sequence[Candidate] = (),
+    *,
+    alongside: Sequence[FreshJob] = (),
 ) -> tuple[tuple[Candidate, list[TrialResult]], dict[int, list[TrialResult]]] | None:
     """Re-measure candidates (fastest first) until one qualifies; None when none does.
 
@@ -210,7 +220,8 @@ def reverify_until_one_fits(
             )
         first = not tried
         tried.extend(batch)
-        _rounds(searcher, batch, tried, reverified, first=first)
+        joining = alongside if first else ()
+        _rounds(searcher, batch, tried, reverified, first=first, alongside=joining)
         chosen = _with_cold_run(searcher, tried, reverified)
         if chosen is not None:
             return chosen, reverified
