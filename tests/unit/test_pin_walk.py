@@ -158,6 +158,29 @@ def test_the_noise_is_read_from_the_runs() -> None:
     assert contenders(ranked, MIN_NOISE) == [a]
 
 
+def test_one_outlier_among_three_runs_is_not_the_noise() -> None:
+    # issue 44, 4 x H200: trial 18's runs 68.5, 63.5, 63.5 ms read as 7.9 % noise, and full
+    # block AC (63.0 ms) tied with trial 19 (59.2 ms, 6 % faster): the lighter was pinned
+    from budgettune.search.reverify import lightest_of_the_fastest, noise_of
+
+    [ac, fast, other] = [
+        Candidate(trial_number=n, spec=TrialSpec(seed=n), step_time_ms=ms, peak_bytes=peak)
+        for n, ms, peak in ((1, 62.6, 64), (19, 59.0, 93), (18, 63.5, 69))
+    ]
+    runs = {
+        1: [_result(64, 63.3), _result(64, 63.0), _result(64, 62.6)],
+        19: [_result(93, 59.7), _result(93, 59.2), _result(93, 58.9)],
+        18: [_result(69, 68.5), _result(69, 63.5), _result(69, 63.5)],
+    }
+    noise = noise_of([ac, fast, other], runs)
+    assert noise == pytest.approx(0.4 / 62.6, rel=0.01)  # trial 1 against its median
+    ranked = [(59.2, fast, runs[19]), (63.0, ac, runs[1]), (63.5, other, runs[18])]
+    assert lightest_of_the_fastest(ranked, noise, "device")[1] is fast
+    # two runs of three far off are noise
+    runs[18] = [_result(69, 68.5), _result(69, 68.4), _result(69, 63.5)]
+    assert noise_of([other], runs) == pytest.approx(4.9 / 63.5, rel=0.01)
+
+
 def test_a_cold_start_over_the_limit_moves_the_pin_to_the_next() -> None:
     # trial 0's warm runs fit (90), its cold start peaks at 98 > 100 / 1.03: trial 1 it is,
     # with a cold run of its own
