@@ -19,7 +19,8 @@
 #                  3 on cards under 100 GB)
 #   gpt2m-before, gpt2m-after   GPT-2 medium (hf:gpt2, 24 x 1024, batch 8 x 1024) under
 #                  grid30's 10.521 GB, 20 trials, seed 0, likewise
-#   vs-l1          the newest l1-after pin against the newest l1-before pin, 3 rounds
+#   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
+#                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
 #   vs-gpt2m       the newest gpt2m-after pin against grid30's seed-0 pin, 3 rounds
 #                  (benchmarks.fast_search versus); vs-gpt2m-run2: run 2's committed pin
 #                  (h200-fast-search-2026-11-28/run2) against it
@@ -65,6 +66,8 @@ gpt2m=(--workload hf:gpt2 -o n_layer=24 -o n_embd=1024 -o n_head=16 -o batch_siz
 l1=(studies/llama-1b.toml --max-mem 19.015GB --margin 0.02 --num-trials 20 --seed 0)
 grid30_s0=benchmarks/results/grid30/pins/grid30-gpt2m-s0-pin.json
 run2=benchmarks/results/h200-fast-search-2026-11-28/run2/gpt2m-after-pin.json
+# the before search's L1 pin of 2026-11-28 (two H200s), when this machine ran no before search
+l1_before=benchmarks/results/h200x4-fast-search-2026-11-28/l1-before-2gpu-pin.json
 newest() { ls -t "$state"/out/$1-*gpu-pin.json 2>/dev/null | head -n 1; }
 search() {  # $1: the step (WORKLOAD-before|after), then the search's arguments
     local step=$1 code=${1#*-} start
@@ -133,7 +136,8 @@ run_step() {
                    > "$state/out/check.txt" 2>&1; echo "== check: exit $?" ;;
         l1-before|l1-after) search "$1" "${l1[@]}" ;;
         gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
-        vs-l1) versus l1 "$(newest l1-after)" "$(newest l1-before)" ;;
+        vs-l1) before=$(newest l1-before)
+               versus l1 "$(newest l1-after)" "${before:-$l1_before}" ;;
         vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;
         vs-gpt2m-run2) versus gpt2m-run2 "$run2" "$grid30_s0" ;;
         job-l1) job l1 "$(newest l1-after)" ;;
