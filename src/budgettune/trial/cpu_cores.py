@@ -66,8 +66,10 @@ def cpu_shares(devices: Sequence[str], cores: Iterable[int] | None = None) -> di
     split, as a CPU list; none (an empty dict) for fewer than two devices, or fewer cores than
     `MIN_CORES_PER_SHARE` per device."""
     unique = list(dict.fromkeys(devices))
+    if len(unique) < 2 or (cores is None and not hasattr(os, "sched_getaffinity")):
+        return {}  # one device, or a system without affinities (not Linux)
     ordered = sorted(os.sched_getaffinity(0) if cores is None else set(cores))
-    if len(unique) < 2 or len(ordered) < MIN_CORES_PER_SHARE * len(unique):
+    if len(ordered) < MIN_CORES_PER_SHARE * len(unique):
         return {}
     n, k = len(ordered), len(unique)
     return {
