@@ -262,8 +262,10 @@ def test_worker_stops_with_one_line_when_the_database_goes_away(
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"error: storage postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
     # the server's own words: the connection it cut mid-query, or the reconnect it refused
-    # (which comes first is a race between the worker and the terminate)
-    assert "not currently accepting connections" in last or "terminating connection" in last, err
+    # (which comes first is a race between the worker and the terminate); or libpq's, when the
+    # cut lands while it reads and the server's notice is lost with it (seen 2026-11-28)
+    words = ("not currently accepting connections", "terminating connection", "server closed")
+    assert any(said in last for said in words), err
     # back up: the finished trials are all there
     study = optuna.load_study(study_name="team", storage=pg_url)
     assert any(t.state == State.COMPLETE for t in study.get_trials(deepcopy=False))
