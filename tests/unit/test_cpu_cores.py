@@ -88,52 +88,6 @@ def test_workers_of_a_seeded_study_draw_apart() -> None:
     assert first_draw(seeds[0]) == draws[0]  # a stream is still reproducible
 
 
-def test_each_gpu_worker_is_started_with_its_own_stream_and_its_gpus_share(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
-    from budgettune.search import workers
-    from budgettune.search.space import SearchSpace
-    from budgettune.search.spec import SearchSpec
-    from budgettune.search.study import SearchObserver
-    from budgettune.search.target import TrialCount
-
-    search = SearchSpec(
-        workload="builtin:llama",
-        max_mem_bytes=10**10,
-        study_name="s",
-        device="cuda",
-        trials_per_gpu=2,
-        runs_dir=str(tmp_path),
-        space=SearchSpace.for_device("cuda"),
-    )
-    started: list[tuple[tuple[int, ...], dict[str, str]]] = []
-
-    def start(search, group, runs_dir, env, log_path):  # type: ignore[no-untyped-def]
-        started.append((group, env))
-        done = subprocess.Popen([sys.executable, "-c", "pass"])
-        done.wait()
-        return workers.group_device(group), done, log_path
-
-    class Study:
-        def count(self) -> TrialCount:
-            return TrialCount(target=4, counted=4, finished=4, waiting=0, running=0)
-
-        def best_feasible_ms(self) -> float | None:
-            return None
-
-    monkeypatch.setattr(workers, "_start_worker", start)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    workers.run_gpu_workers(
-        Study(), [0, 1], search=search, storage_url="sqlite://", observer=SearchObserver()
-    )
-    assert [(group, env[workers.SAMPLER_STREAM_ENV], env[CPUS_ENV]) for group, env in started] == [
-        ((0,), "1", "0-3"),
-        ((0,), "2", "0-3"),
-        ((1,), "3", "4-7"),
-        ((1,), "4", "4-7"),
-    ]
-
-
 def test_a_fresh_run_keeps_to_the_share_of_its_device(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:

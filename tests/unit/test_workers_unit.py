@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import optuna
@@ -88,11 +89,14 @@ def test_queued_baselines_past_the_target_wait_for_the_next_search() -> None:
 
 
 def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_path) -> None:
-    """--trials-per-gpu 2 on GPUs 0 and 1: two workers on each, one log each."""
-    from budgettune.search.study import SearchObserver
+    """--trials-per-gpu 2 on GPUs 0 and 1: two workers on each, one log each, each worker
+    its own sampler stream and its GPU's share of the cores."""
+    from budgettune.search.study import SAMPLER_STREAM_ENV, SearchObserver
     from budgettune.search.target import TrialCount
+    from budgettune.trial.cpu_cores import CPUS_ENV
 
     started: list[list[str]] = []
+    envs: list[dict[str, str]] = []
 
     class Done:
         returncode = 0
@@ -102,6 +106,7 @@ def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_pa
 
     def spawn(command, *, output, env):
         started.append(list(command))
+        envs.append(env)
         return Done()
 
     class Watch:
@@ -112,6 +117,7 @@ def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_pa
             return None
 
     monkeypatch.setattr(workers, "spawn", spawn)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     search = SearchSpec(
         workload="builtin:llama",
         device="cuda:0",
@@ -126,5 +132,13 @@ def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_pa
     )
     devices = [command[command.index("--device") + 1] for command in started]
     assert sorted(devices) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    # issue 44: 16 workers seeded alike ran one configuration 12 times
+    given = [(d, env[SAMPLER_STREAM_ENV], env[CPUS_ENV]) for d, env in zip(devices, envs)]
+    assert given == [
+        ("cuda:0", "1", "0-3"),
+        ("cuda:0", "2", "0-3"),
+        ("cuda:1", "3", "4-7"),
+        ("cuda:1", "4", "4-7"),
+    ]
     logs = sorted(p.name for p in (tmp_path / "s" / "workers").iterdir())
     assert logs == ["cuda0-2.log", "cuda0.log", "cuda1-2.log", "cuda1.log"]

@@ -64,19 +64,19 @@ def remeasure(
     Args:
         references: ((trial, its record) or None, name, check numerics) of each reference.
     """
-    out, jobs = _reference_jobs(searcher, references, reverified)
+    trials = searcher.study.get_trials(deepcopy=False)
+    out, jobs = _reference_jobs(trials, references, reverified)
     measured = iter(searcher.fresh_batch(jobs, runs=runs) if jobs else [])
     return [results if results is not None else next(measured) for results in out]
 
 
 def _reference_jobs(
-    searcher: PinSteps,
+    trials: Sequence[optuna.trial.FrozenTrial],
     references: Sequence[tuple[tuple[optuna.trial.FrozenTrial, TrialRecord] | None, str, bool]],
     reverified: Mapping[int, list[TrialResult]],
 ) -> tuple[list[list[TrialResult] | None], list[FreshJob]]:
     """Per reference, the runs it shares with a re-verified candidate (or [] when it has no
     measured trial; None: it needs fresh runs), and the jobs of those that need them."""
-    trials = searcher.study.get_trials(deepcopy=False)
     out: list[list[TrialResult] | None] = []
     jobs: list[FreshJob] = []
     for found, name, check in references:
@@ -173,7 +173,7 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     # those no candidate shares (over the limit) can go out with the first round, where the
     # slots hold them: they are re-measured for the report anyway
     numbers = {c.trial_number for c in candidates}
-    alongside = [j for j in _reference_jobs(searcher, report, {})[1] if j.number not in numbers]
+    alongside = [j for j in _reference_jobs(trials, report, {})[1] if j.number not in numbers]
     found = reverify_until_one_fits(
         searcher, candidates, list(references.values()), alongside=alongside
     )
