@@ -198,9 +198,9 @@ def test_two_searches_racing_to_create_one_study_queue_the_baselines_once(
         "budget-0.5",
     ]
     assert SPEC_ATTR in study.user_attrs
-    # the creator's target is its --trials; a later search sets it to the trials that have
-    # started (none: the baselines are still queued) plus its own --trials
-    assert study.user_attrs[TARGET_ATTR] == 0 + 4
+    # four searches at once, each adding --num-trials 4, all still live (their processes
+    # are, and none closed its search): each added its 4 (issue 48: two at once added 3 in all)
+    assert study.user_attrs[TARGET_ATTR] == 4 * 4
 
 
 def _one_line_error(result) -> str:

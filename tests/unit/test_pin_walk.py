@@ -129,7 +129,8 @@ def test_candidates_within_the_noise_get_more_rounds_until_the_leader_stands_alo
     times = {0: 10.0, 1: 10.06, 2: 12.0}
     searcher = _Searcher(peaks={0: 90, 1: 90, 2: 90}, times=times)
     found = reverify_until_one_fits(
-        searcher, _candidates(3, times)  # type: ignore[arg-type]
+        searcher,
+        _candidates(3, times),  # type: ignore[arg-type]
     )
     assert found is not None and found[0][0].trial_number == 0
     assert searcher.batches == [[0, 1], [0, 1], [0, 1]]
@@ -362,7 +363,7 @@ def test_with_slots_to_spare_the_rounds_go_out_together_each_with_a_cold_start()
     assert [len(searcher.runs[n]) for n in (0, 1)] == [3, 3]
 
 
-def test_report_references_join_the_first_round_only_where_the_slots_hold_them() -> None:
+def test_report_references_join_the_first_round_whose_slots_hold_them() -> None:
     from budgettune.search.fresh import FreshJob
 
     # the unconstrained baseline over the limit (trial 9) is re-measured for the report only:
@@ -379,3 +380,21 @@ def test_report_references_join_the_first_round_only_where_the_slots_hold_them()
         assert found is not None and sorted(found[1]) == [0, 1]  # never a candidate
         assert searcher.batches[0] == first_batch
         assert len(searcher.runs.get(9, [])) == (3 if slots == 9 else 0)
+    # the 2-GPU GPT-2 medium search (h200x2-fast-search-2026-11-28): 4 in the pool take 2
+    # runs each of 8 slots; the two that stay level take a third in round 2, and the
+    # baseline's 3 runs go out with it (2 + 3 <= 8), not after the last round
+    times = {0: 10.0, 1: 10.0, 2: 12.0, 3: 12.5}
+    searcher = _Searcher(
+        peaks={0: 90, 1: 90, 2: 90, 3: 90, 9: 130},
+        times=times,
+        fresh_slots=8,
+        search=_Search(top_k=4),
+    )
+    found = reverify_until_one_fits(
+        searcher,
+        _candidates(4, times),  # type: ignore[arg-type]
+        alongside=[baseline],
+    )
+    assert found is not None
+    assert searcher.batches[:2] == [[0, 1, 2, 3], [0, 1, 9]]
+    assert [len(searcher.runs[n]) for n in (0, 1, 2, 3, 9)] == [3, 3, 2, 2, 3]

@@ -31,6 +31,7 @@ from budgettune.errors import (
     WorkloadFailedError,
 )
 from budgettune.pinning import measured_violation_bytes
+from budgettune.search import live_searches
 from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
 from budgettune.search.numerics import check_numerics
@@ -52,7 +53,7 @@ from budgettune.search.study import (
     TrialEvent,
     TrialFailed,
 )
-from budgettune.search.target import NextStep, TrialCount, study_count
+from budgettune.search.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount, study_count
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
@@ -64,7 +65,6 @@ from budgettune.storage.user_attrs import (
     CONSTRAINT_ATTR,
     ENQUEUED_SPEC_ATTR,
     ERROR_ATTR,
-    TARGET_ATTR,
     WORKER_ATTR,
     result_attrs,
 )
@@ -75,8 +75,6 @@ from budgettune.trial.spec import TrialSpec
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = 10
-"""Optuna trial heartbeat; a trial silent for twice this is failed and retried once."""
 WAIT_POLL_S = 2.0
 """How often a worker with nothing to start looks again while others' trials run."""
 
@@ -123,6 +121,7 @@ class Searcher:
         self.servers = trial_servers(search.trial_run(search.base), self.runs_dir / "servers")
         """Pre-imported trial servers the trials and fresh runs of this process fork from
         (the first trial of an environment starts one, and forks from it once it is ready)."""
+        self.live_key: str | None = None  # its entry among the study's live searches
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
         try:
@@ -131,11 +130,9 @@ class Searcher:
                     search, store, create=add_trials, heartbeat_s=self.heartbeat_s
                 )
                 if add_trials and search.num_trials > 0:  # --trials 0 leaves the target be
-                    # A new study's baselines are part of its first --trials; on a resumed
-                    # study, baselines still queued are not "before": --trials N runs N.
-                    count = self.count()
-                    before = 0 if created else count.counted - count.waiting
-                    self.study.set_user_attr(TARGET_ATTR, before + search.num_trials)
+                    self.live_key = live_searches.add_to_target(
+                        self.study, self.count(), search, self.observer.notice, created=created
+                    )
         finally:
             self.claim.release()
 
@@ -308,6 +305,7 @@ class Searcher:
                         time.sleep(WAIT_POLL_S)
                         continue
                     plan_opening(self.study, self.search, self.observer.notice)
+                    live_searches.touch(self.study, self.live_key)
                     self.run_one_trial()
             finally:
                 self.claim.release()
@@ -383,9 +381,12 @@ class Searcher:
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
 
     def close(self) -> None:
-        """Stop this process's trial servers (the study and its storage stay as they are)."""
+        """Stop this process's trial servers and drop its live-search entry (the study and
+        its storage stay as they are)."""
         if self.servers is not None:
             self.servers.close()
+        live_searches.leave(self.study, self.claim, self.live_key)
+        self.live_key = None
 
     def __enter__(self) -> Searcher:
         return self

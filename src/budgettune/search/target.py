@@ -27,6 +27,9 @@ from budgettune.storage.user_attrs import RETRY_HISTORY_ATTR, TARGET_ATTR
 
 TrialState = optuna.trial.TrialState
 
+HEARTBEAT_INTERVAL_S = 10
+"""Optuna trial heartbeat; a trial silent for twice this is failed and retried once."""
+
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 

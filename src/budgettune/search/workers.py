@@ -36,7 +36,7 @@ from budgettune.errors import (
     UsageError,
     WorkerFailedError,
 )
-from budgettune.search.searcher import HEARTBEAT_INTERVAL_S, Searcher
+from budgettune.search.searcher import Searcher
 from budgettune.search.spec import SearchSpec, check_study_name
 from budgettune.search.study import (
     SAMPLER_STREAM_ENV,
@@ -44,7 +44,7 @@ from budgettune.search.study import (
     sampler_stream,
     worker_sampler_seed,
 )
-from budgettune.search.target import TrialCount
+from budgettune.search.target import HEARTBEAT_INTERVAL_S, TrialCount
 from budgettune.storage.coordination import database_errors
 from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
 from budgettune.trial.cpu_cores import CPUS_ENV, apply_cpu_share, cpu_shares

@@ -30,6 +30,9 @@ HEARTBEAT_ATTR = "heartbeat_s"
 (a worker's stale-trial check must not fail a trial whose process beats more slowly)."""
 TARGET_ATTR = "target_trials"
 """Study user attr: the number of counted trials the study's workers run up to."""
+LIVE_ATTR = "live_searches"
+"""Study user attr: ``{key: {"host", "pid", "at"}}``, the searches adding trials to it now
+(`search.live_searches`)."""
 SETTLED_ATTR = "settled"
 """Study user attr: ``{knob: {"value": ..., "reason": ...}}``, the free choices the opening
 held for the rest of the study (`search.structured`)."""
