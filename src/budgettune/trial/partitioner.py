@@ -187,6 +187,43 @@ def mark_saved_for_offload(gm: Any, joint_inputs: Any) -> Any:
     return gm
 
 
+def keep_random_draws(gm: Any, joint_inputs: Any) -> Any:
+    """The ``joint_custom_pass`` of a budget below 1.0: every random op outside a
+    checkpointed region is marked ``MUST_SAVE``, so the memory-budget knapsack never
+    recomputes it. torch bans recomputing random ops, but the knapsack re-allows what it
+    banned, and the recomputed draw in backward is a new one (pytorch#190758): dropout's
+    backward then applies another mask than the forward did, and the gradients are silently
+    wrong (a tiny GPT-2 with dropout 0.1 on CPU: gradient norm 2.4 % off at budget 0.5). torch
+    marks collectives ``MUST_SAVE`` for the same reason. A checkpointed region's random ops
+    (block AC) keep their own tag: the checkpoint replays their random state.
+    """
+    import torch
+    import torch._functorch.partitioners as partitioners
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    op_types = partitioners.get_default_op_list()
+    seeded = torch.Tag.nondeterministic_seeded
+
+    def random(node: Any) -> bool:  # the tag torch's own rng passes read (aten.rand, ...)
+        target = node.target
+        tagged = isinstance(target, torch._ops.OpOverload) and seeded in target.tags
+        return tagged or op_types.is_random(node)
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "recompute" not in node.meta and random(node):
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    return gm
+
+
+def _passes(*passes: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def joint_pass(gm: Any, joint_inputs: Any) -> Any:
+        for one in passes:
+            gm = one(gm, joint_inputs)
+        return gm
+
+    return passes[0] if len(passes) == 1 else joint_pass
+
+
 def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]:
     """The ``torch._functorch.config`` values of the spec's partitioner knobs: every one this
     torch has (a knob at its default that this torch lacks is left out; `check_spec_supported`
@@ -204,7 +241,11 @@ def functorch_settings(spec: TrialSpec, functorch_config: Any) -> dict[str, Any]
         wanted = COMPILED_OFFLOAD_SETTINGS if torch.cuda.is_available() else ()
         settings |= {COMPILED_OFFLOAD_SETTINGS[0]: True}
         settings |= {name: True for name in wanted if hasattr(functorch_config, name)}
-        settings["joint_custom_pass"] = mark_saved_for_offload
+    passes = [mark_saved_for_offload] if spec.compiled_offload else []
+    if 0.0 < spec.activation_memory_budget < 1.0:
+        passes.append(keep_random_draws)
+    if passes:
+        settings["joint_custom_pass"] = _passes(*passes)
     return settings
 
 

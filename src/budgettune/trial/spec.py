@@ -287,8 +287,10 @@ class TrialSpec:
 
         AOTAutograd's cache key ignores the knapsack solver and runtime estimator and cannot see
         a patched op list (measured on torch 2.13), so each such variant gets its own cache
-        directory. The budget is keyed by torch itself, so it is not part of the variant; a
-        partitioner knob added since is part of it where it is not at its default.
+        directory. The budget is keyed by torch itself, so it is not part of the variant, but
+        whether it lies strictly between 0 and 1 is: there the joint pass that keeps random
+        draws runs (`partitioner.keep_random_draws`), which the key ignores. A partitioner
+        knob added since is part of it where it is not at its default.
         """
         removed = "+".join(op.split(".", 1)[1] for op in self.recompute_ops_removed) or "none"
         added = "+".join(op.split(".", 1)[1] for op in self.recompute_ops_added) or "none"
@@ -301,6 +303,8 @@ class TrialSpec:
         )
         if self.compiled_offload:
             extra += "-ac_op_offload"  # the partitioner's offload settings are on
+        if 0.0 < self.activation_memory_budget < 1.0:
+            extra += "-rng_saved"
         return (
             f"{self.knapsack_solver}-{self.runtime_estimator}-{self.compile_backend}"
             f"-rm_{removed}-add_{added}{extra}"
