@@ -42,6 +42,9 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help: full flag names and rewrapped paragraphs at any width (rich's tables
+    # cut 14 of search's flag names at 80 columns, and kept the docstrings' line breaks)
+    rich_markup_mode=None,
     add_completion=False,
 )
 STORAGE_ENV = "BUDGETTUNE_STORAGE"

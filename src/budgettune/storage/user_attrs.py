@@ -1,11 +1,8 @@
 """What budgettune keeps in Optuna's user attrs: every key, and `TrialRecord`, the typed form of
-what one trial stored.
-
-The search writes a trial's result as user attrs (`TrialRecord.from_result(...).to_attrs()`),
-so any Optuna tool can read them; the search, `show` and the dashboard read them back through
-`TrialRecord.from_attrs`. Optuna keeps user attrs as JSON, and a study written by an older
-budgettune lacks the keys added since: a missing key reads as its default (None: not
-measured), so old studies read as they did, with no schema change of ours.
+what one trial stored (`TrialRecord.from_result(...).to_attrs()`, read back by the search,
+`show` and the dashboard through `TrialRecord.from_attrs`; any Optuna tool can read them).
+Optuna keeps them as JSON; a study written by an older budgettune lacks the keys added since,
+and a missing key reads as its default (None: not measured), with no schema change of ours.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ HEARTBEAT_ATTR = "heartbeat_s"
 TARGET_ATTR = "target_trials"
 """Study user attr: the number of counted trials the study's workers run up to."""
 LIVE_ATTR = "live_searches"
-"""Study user attr: ``{key: {"host", "pid", "at"}}``, the searches adding trials to it now
-(`search.live_searches`)."""
+"""Study user attr: the searches adding trials to it now (`search.live_searches`)."""
 SETTLED_ATTR = "settled"
 """Study user attr: ``{knob: {"value": ..., "reason": ...}}``, the free choices the opening
 held for the rest of the study (`search.structured`)."""
