@@ -37,3 +37,35 @@ def test_help_fits_80_columns_and_names_every_flag_whole(path: list[str]) -> Non
         if param.param_type_name == "option" and not param.hidden:
             for flag in param.opts:
                 assert flag in done.output, (flag, path)
+
+
+CANONICAL = {
+    "--storage-url": ("--storage",),
+    "--study-name": ("--study",),
+    "--trial-timeout-s": ("--timeout",),
+    "--collective-timeout-s": ("--collective-timeout",),
+    "--reverify-runs": ("--reverify", "--runs"),
+}
+"""One spelling per concept in every command (issue 47), the old ones still read."""
+
+
+def test_every_command_spells_storage_study_timeouts_and_reruns_one_way() -> None:
+    seen: dict[str, set[str]] = {name: set() for name in CANONICAL}
+    for path in _commands():
+        command = COMMAND
+        for name in path:
+            command = command.commands[name]
+        for param in command.params:
+            if param.param_type_name != "option":
+                continue
+            for name, old in CANONICAL.items():
+                if set(param.opts) & {name, *old}:
+                    assert param.opts[0] == name, (path, param.opts)
+                    seen[name].add(" ".join(path))
+    # each concept is in the commands that take it
+    assert {"search", "show", "export", "worker", "dashboard", "db upgrade"} <= seen[
+        "--storage-url"
+    ]
+    assert {"search", "trial", "verify"} <= seen["--trial-timeout-s"]
+    assert {"search", "trial"} <= seen["--collective-timeout-s"]
+    assert {"search", "verify"} <= seen["--reverify-runs"]

@@ -65,11 +65,14 @@ def test_bad_search_flags_are_refused_before_any_trial(workdir: Path, args, said
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["trial", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
-        (["trial", "--timeout", "nan"], "--timeout must be a number of seconds > 0"),
-        (["trial", "--collective-timeout", "-1"], "--collective-timeout must be a number"),
-        (["verify", "pin.json", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
-        (["verify", "pin.json", "--runs", "0"], "--runs must be at least 1, got 0"),
+        (["trial", "--timeout", "0"], "--trial-timeout-s must be a number of seconds > 0"),
+        (["trial", "--trial-timeout-s", "nan"], "--trial-timeout-s must be a number of seconds"),
+        (["trial", "--collective-timeout", "-1"], "--collective-timeout-s must be a number"),
+        (
+            ["verify", "pin.json", "--timeout", "0"],
+            "--trial-timeout-s must be a number of seconds",
+        ),
+        (["verify", "pin.json", "--runs", "0"], "--reverify-runs must be at least 1, got 0"),
     ],
 )
 def test_bad_trial_and_verify_flags_are_refused_before_any_run(workdir: Path, args, said) -> None:

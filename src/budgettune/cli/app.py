@@ -58,9 +58,7 @@ STORAGE_OPTION = typer.Option(
 )
 """The storage option of every command that opens the store: one spelling (issue 47),
 ``--storage`` still read."""
-STUDY_OPTION = typer.Option(
-    "--study-name", "--study", help="Study name (default: the only one)."
-)
+STUDY_OPTION = typer.Option("--study-name", "--study", help="Study name (default: the only one).")
 """The study option of the commands that read one study (``--study`` still read)."""
 
 

@@ -88,6 +88,7 @@ def search(
     from budgettune.search.space import parse_fixed
     from budgettune.search.spec import DEFAULT_WORKLOAD
     from budgettune.search.study_file import build_search_spec, merge, read_study_file
+
     flags = study_flags(study or {})
     read = files_read(flags.get("storage_url"), study_file)
     check_pin_output(output, force=force, protected=read)  # before the search, not after it
@@ -147,7 +148,12 @@ def worker(
     ] = None,
     trials: Annotated[
         int | None,
-        typer.Option(help="Run at most this many trials (default: until the study's target)."),
+        typer.Option(
+            "--max-trials",
+            "--trials",
+            help="Run at most this many trials (default: until the study's target; a worker "
+            "adds none to it: --num-trials of search does).",
+        ),
     ] = None,
     runs_dir: Annotated[
         str | None, typer.Option(help="Folder for trial logs and compile caches.")

@@ -91,9 +91,15 @@ class ExportFormat(str, enum.Enum):
 @app.command()
 @handles_errors
 def export(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Pinned JSON to write.")] = Path(
-        "best.json"
-    ),
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Pinned JSON to write (-o is the old spelling, read still: in search and "
+            "trial -o is --option).",
+        ),
+    ] = Path("budgettune-pin.json"),
     study: Annotated[str | None, STUDY_OPTION] = None,
     storage: Annotated[str | None, STORAGE_OPTION] = None,
     output_format: Annotated[
@@ -174,10 +180,13 @@ def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:
 @handles_errors
 def verify(
     pin_file: Annotated[Path, typer.Argument(help="A pinned config JSON.")],
-    runs: Annotated[int, typer.Option(help="Fresh re-measurements.")] = 3,
+    runs: Annotated[
+        int, typer.Option("--reverify-runs", "--runs", help="Fresh re-measurements.")
+    ] = 3,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
     timeout: Annotated[
-        float, typer.Option(help="Seconds before a run is killed.")
+        float,
+        typer.Option("--trial-timeout-s", "--timeout", help="Seconds before a run is killed."),
     ] = DEFAULT_TRIAL_TIMEOUT_S,
     allow_other_workload: Annotated[
         bool,
@@ -196,8 +205,8 @@ def verify(
     from the pinned one."""
     from budgettune.search.verify import verify_pin
 
-    check_count("--runs", runs)
-    check_seconds("--timeout", timeout)
+    check_count("--reverify-runs", runs)
+    check_seconds("--trial-timeout-s", timeout)
     report = verify_pin(
         pin_file,
         runs=runs,

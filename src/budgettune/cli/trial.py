@@ -66,8 +66,10 @@ def trial(
     timeout: Annotated[
         float,
         typer.Option(
+            "--trial-timeout-s",
+            "--timeout",
             help="Seconds before the trial is killed; a CPU trial waits at most as long for "
-            "the host's CPU-trial lock (another CPU trial), then ends as timeout."
+            "the host's CPU-trial lock (another CPU trial), then ends as timeout.",
         ),
     ] = DEFAULT_TRIAL_TIMEOUT_S,
     nproc_per_node: Annotated[
@@ -78,7 +80,12 @@ def trial(
         ),
     ] = 1,
     collective_timeout: Annotated[
-        float, typer.Option(help="Seconds a rank's collective may wait before it fails.")
+        float,
+        typer.Option(
+            "--collective-timeout-s",
+            "--collective-timeout",
+            help="Seconds a rank's collective may wait before it fails.",
+        ),
     ] = DEFAULT_COLLECTIVE_TIMEOUT_S,
     run_dir: Annotated[
         Path | None, typer.Option(help="Folder for SPEC.json, RESULT.json and trial.log.")
@@ -103,8 +110,8 @@ def trial(
     from budgettune.workload import check_reference
 
     spec = TrialSpec(**spec_values(knobs or {}))
-    check_seconds("--timeout", timeout)
-    check_seconds("--collective-timeout", collective_timeout)
+    check_seconds("--trial-timeout-s", timeout)
+    check_seconds("--collective-timeout-s", collective_timeout)
     check_reference(workload)
     chosen_device = device or default_device(workload)
     run = TrialRun(

@@ -84,7 +84,7 @@ class WorkerJob:
         if self.device is not None and not DEVICE_PATTERN.match(self.device):
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.max_trials is not None and self.max_trials < 1:
-            raise UsageError(f"--trials must be at least 1, got {self.max_trials}")
+            raise UsageError(f"--max-trials must be at least 1, got {self.max_trials}")
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s < 1:
             raise UsageError(f"--heartbeat-s must be at least 1, got {self.heartbeat_interval_s}")
 
