@@ -48,7 +48,7 @@ def _refused(workdir: Path, args: list[str], said: str) -> str:
         (["--max-mem", "1GB", "--timeout", "inf"], "--trial-timeout-s must be a number of"),
         (["--max-mem", "1GB", "--collective-timeout", "-1"], "--collective-timeout-s must be"),
         (["--max-mem", "1GB", "--seed", "-1"], "--sampler-seed must be an integer from 0 to"),
-        (["--max-mem", "1GB", "--trials", "-1"], "--num-trials must be an integer >= 0, got -1"),
+        (["--max-mem", "1GB", "--trials", "-1"], "--num-trials must be an integer from 0 to"),
         (["--max-mem", "1GB", "--estimators", "flops,profile"], "'profile' needs CUDA"),
         (["--max-mem", "1GB", "--fix", "runtime_estimator=profile"], "'profile' needs CUDA"),
         (["--max-mem", "1GB", "--alloc-confs", "$(id)"], "'$(id)' is not a setting"),

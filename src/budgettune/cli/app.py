@@ -11,9 +11,11 @@ measured fits under the limit; 4 no trial could be measured at all; 130 Ctrl-C, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,17 +30,21 @@ from budgettune.search.spec import DEFAULT_RUNS_DIR
 from budgettune.trial.processes import Terminated, sigterm_raises
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 error (or a trial that did not end ok); 2 bad usage or input; "
-    "3 no configuration fits under the memory limit (or a pin no longer does); "
-    "4 no trial could be measured at all (each crashed, timed out or had a non-finite loss); "
-    "130 interrupted (Ctrl-C), 143 terminated (SIGTERM), finished work kept."
+    "\n\n\b\nExit codes:\n"  # \b: click keeps these lines as they are
+    "  0    ok\n"
+    "  1    error (or a trial that did not end ok)\n"
+    "  2    bad usage or input\n"
+    "  3    no configuration fits under the memory limit (or a pin no longer does)\n"
+    "  4    no trial could be measured at all (each crashed, timed out or had a\n"
+    "       non-finite loss)\n"
+    "  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); finished work is kept"
 )
 
 app = typer.Typer(
     name="budgettune",
     help=(
         "Find, by measurement, the activation-recompute configuration of a PyTorch training "
-        "step that fits a memory limit with the least slowdown. " + EXIT_CODES_HELP
+        "step that fits a memory limit with the least slowdown." + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -94,6 +100,12 @@ _state = {"debug": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _stdout_to_devnull() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+
+
 def handles_errors(command: F) -> F:
     """Turn a `BudgettuneError` into one line on stderr and its exit code, and SIGINT or
     SIGTERM into one line and 130 or 143."""
@@ -102,7 +114,16 @@ def handles_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             with sigterm_raises():  # SIGTERM unwinds like Ctrl-C: children ended, trial re-queued
-                return command(*args, **kwargs)
+                result = command(*args, **kwargs)
+                sys.stdout.flush()  # a full or closed stdout fails here, in this handler
+                return result
+        except OSError as exc:  # its output could not be written (>/dev/full, a closed pipe)
+            if _state["debug"]:
+                raise
+            _stdout_to_devnull()  # the interpreter's last flush must not fail again
+            where = f"{exc.filename}: " if exc.filename else ""
+            print_error(f"{where}{exc.strerror or exc}")
+            raise typer.Exit(1) from None
         except BudgettuneError as exc:
             if _state["debug"]:
                 raise

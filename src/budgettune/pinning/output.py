@@ -16,15 +16,39 @@ PIN_SIZE_LIMIT = 16 * 2**20
 """A file larger than this is not a pin budgettune wrote (a pin is a few kB)."""
 
 
+def read_pin_bytes(path: object) -> bytes:
+    """The bytes of the pin file at ``path``: a regular file of at most `PIN_SIZE_LIMIT`
+    (issue 48: ``verify /dev/zero`` grew to 22 GB, a FIFO blocked forever).
+
+    Raises:
+        FileNotFoundError: no such file.
+        OSError: unreadable, or not a regular file, or too large (the message says which).
+        TypeError: ``path`` is not a path.
+    """
+    import stat
+
+    if not isinstance(path, str | os.PathLike) or isinstance(path, bytes):
+        raise TypeError(f"a pin's path is a str or a Path, not {type(path).__name__}")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError("not a regular file")
+        if status.st_size > PIN_SIZE_LIMIT:
+            raise OSError(f"larger than {PIN_SIZE_LIMIT >> 20} MiB: no pin budgettune wrote")
+        data = handle.read(PIN_SIZE_LIMIT + 1)
+    if len(data) > PIN_SIZE_LIMIT:
+        raise OSError(f"larger than {PIN_SIZE_LIMIT >> 20} MiB: no pin budgettune wrote")
+    return data
+
+
 def is_written_pin(path: Path) -> bool:
     """Whether ``path`` holds a pinned config budgettune wrote (a JSON object with its schema
     version and spec): one that ``--output`` may replace without ``--force``."""
     import json
 
     try:
-        if path.stat().st_size > PIN_SIZE_LIMIT:
-            return False
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_pin_bytes(path))
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "schema_version" in data and "spec" in data
@@ -58,23 +82,26 @@ def check_pin_output(
         status = None  # (under a file: refused below, as not a folder)
     except OSError as exc:
         raise UsageError(f"{what} {target}: {exc.strerror or exc}") from None
+    for other in protected:
+        # whether or not either exists yet: a new study's database is made after this check
+        # (issue 48: --output new.db with --storage-url new.db replaced the study with the pin)
+        other_path = Path(other)
+        try:
+            same = target.resolve() == other_path.resolve()
+        except (OSError, RuntimeError):
+            same = False
+        if same:
+            raise UsageError(
+                f"{what} {target} is {other_path.name}, which this command reads or writes "
+                "(the study's database or its journals, the study file, the pin): name another "
+                "file"
+            )
     if status is not None:
         if stat.S_ISDIR(status.st_mode) or target.is_dir():
             raise UsageError(
                 f"{what} {target} is a folder; name the pin's file, e.g. "
                 f"{target / 'budgettune-pin.json'}"
             )
-        for other in protected:
-            other_path = Path(other)
-            try:
-                same = other_path.exists() and target.resolve() == other_path.resolve()
-            except OSError:
-                same = False
-            if same:
-                raise UsageError(
-                    f"{what} {target} is {other_path.name}, which this command reads "
-                    "(the study's database, its study file or the pin): name another file"
-                )
         if stat.S_ISLNK(status.st_mode):
             if not force:
                 raise UsageError(

@@ -340,11 +340,15 @@ def load_pinned(
     Raises:
         PinnedConfigError: a missing, corrupt or other-schema file.
     """
-    source = str(path)
+    from budgettune.pinning.output import read_pin_bytes
+
+    source = str(path)[:200]
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_pin_bytes(path))
     except FileNotFoundError:
         raise PinnedConfigError(f"{source}: no such pinned config") from None
+    except TypeError as exc:  # load_pinned(5): not a path
+        raise PinnedConfigError(f"load_pinned: {exc}") from None
     except (OSError, ValueError, RecursionError) as exc:  # undecodable, too deep, huge ints
         text = one_line(exc, with_type=True)
         raise PinnedConfigError(f"{source}: not a readable pinned config JSON ({text})") from None

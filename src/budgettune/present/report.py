@@ -125,6 +125,8 @@ class StudyReport:
 
         if self.pin is None:
             return None
+        if _UNREADABLE in self.pin:
+            return str(self.pin[_UNREADABLE])
         try:
             parse_pin(self.pin, source="the study's stored pin")
         except PinnedConfigError as exc:
@@ -222,7 +224,17 @@ def _host_limit(
     return int(limit) if limit is not None and offloads else None
 
 
-def _as_dict(value: Any) -> dict[str, Any] | None:
+_UNREADABLE = "_unreadable_stored_pin"
+"""Key of the stand-in for a stored pin row that is not a JSON object (`pin_error` says why)."""
+
+
+def _stored_pin(store: storage_mod.Storage, name: str) -> dict[str, Any] | None:
+    from budgettune.errors import PinnedConfigError
+
+    try:
+        value = store.latest_pin(name)
+    except PinnedConfigError as exc:  # shown as a note, never a traceback (issue 48)
+        return {_UNREADABLE: str(exc)}
     return None if value is None else dict(value)
 
 
@@ -273,7 +285,7 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         rows=tuple(rows),
         best=best,
         pareto=tuple(pareto_front(rows)),
-        pin=_as_dict(store.latest_pin(name)),
+        pin=_stored_pin(store, name),
         advice="; ".join(a for a in advice if a),
         excluded=tuple(describe_exclusion(e) for e in study.user_attrs.get(EXCLUDED_ATTR, [])),
         settled=describe_settlements(study.user_attrs.get(SETTLED_ATTR)),

@@ -72,13 +72,13 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
     num_failed = sum(
         (outcome := record_of(t).outcome) is not None and not outcome.tells_fit() for t in trials
     )
-    stored = storage.latest_pin(study_name)
     pin = None
-    if stored is not None:
-        try:  # a corrupt stored row is drawn as no pin, never a traceback (issue 48)
+    try:  # a corrupt stored row is drawn as no pin, never a traceback (issue 48)
+        stored = storage.latest_pin(study_name)
+        if stored is not None:
             pin = parse_pin(stored, source=f"study {study_name!r}'s stored pin").pin
-        except PinnedConfigError:
-            pin = None
+    except PinnedConfigError:
+        pin = None
     figure = memory_time_figure(
         points, limit_bytes=study_limit.max_mem_bytes, mem_metric=metric, pin=pin
     )

@@ -30,6 +30,12 @@ DEFAULT_WORKLOAD = "builtin:tiny-gpt"
 """The workload of a search that names none."""
 DEFAULT_RUNS_DIR = "budgettune-runs"
 """Where trial folders go, under the working directory, when no --runs-dir is given."""
+MAX_COUNT = 1_000_000
+"""Bound of a study's counts (trials, candidates): no real study comes near it."""
+MAX_REVERIFY_RUNS = 100
+"""Bound of --reverify-runs (each run is a fresh process per candidate)."""
+MAX_RANKS = 4096
+"""Bound of --nproc-per-node (a pin's world size has the same)."""
 MIN_LIMIT_BYTES = 2**20
 """A limit below this (1 MiB) is a number written without its unit (``max_mem = 120``)."""
 MAX_LIMIT_BYTES = 2**63 - 1
@@ -122,11 +128,16 @@ class SearchSpec:
             )
         if not isinstance(self.workload, str) or not self.workload.strip():
             raise UsageError(f"--workload must name a workload, got {self.workload!r}")
-        if not _is_int(self.num_trials) or self.num_trials < 0:
-            raise UsageError(f"--num-trials must be an integer >= 0, got {self.num_trials!r}")
-        for flag, count in (("--top-k", self.top_k), ("--reverify-runs", self.reverify_runs)):
-            if not _is_int(count) or count < 1:
-                raise UsageError(f"{flag} must be an integer >= 1, got {count!r}")
+        # bounded: a search of 10^23 trials started and ran (issue 48)
+        for flag, count, low, high in (
+            ("--num-trials", self.num_trials, 0, MAX_COUNT),
+            ("--top-k", self.top_k, 1, MAX_COUNT),
+            ("--reverify-runs", self.reverify_runs, 1, MAX_REVERIFY_RUNS),
+            ("--nproc-per-node", self.nproc_per_node, 1, MAX_RANKS),
+        ):
+            if not _is_int(count) or not low <= count <= high:
+                shown = repr(count) if len(repr(count)) <= 40 else f"{repr(count)[:40]}..."
+                raise UsageError(f"{flag} must be an integer from {low} to {high}, got {shown}")
         if not _is_number(self.margin) or not 0.0 <= self.margin < 0.5:
             raise UsageError(f"--margin must be within [0, 0.5), got {self.margin!r}")
         check_seconds("--trial-timeout-s", self.trial_timeout_s)

@@ -22,6 +22,9 @@ from budgettune.errors import SpecError, StudyFileError
 from budgettune.schema import OneOf, first_problem
 from budgettune.search.space import FIXABLE
 from budgettune.search.spec import (
+    MAX_COUNT,
+    MAX_RANKS,
+    MAX_REVERIFY_RUNS,
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_TRIALS_PER_GPU,
@@ -33,7 +36,7 @@ from budgettune.search.spec import (
 )
 from budgettune.trial.allocator import parse_settings
 from budgettune.trial.knobs import Knob
-from budgettune.trial.spec import KNOB_BY_NAME, KNOBS, OP_NAME_PATTERN
+from budgettune.trial.spec import KNOB_BY_NAME, KNOBS, MAX_STEPS, OP_NAME_PATTERN
 from budgettune.trial.trial_run import DEVICE_PATTERN
 
 
@@ -50,8 +53,9 @@ _ALLOC_CONF_TEXT = "PYTORCH_CUDA_ALLOC_CONF settings like expandable_segments:Tr
 _OPS_TEXT = "a list of op names like aten.add or prims.convert_element_type"
 
 Text = Annotated[str, Field(min_length=1)]
-Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(ge=1)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
 Budget = Annotated[float, Field(ge=0, le=1)]
@@ -120,7 +124,7 @@ class StudyTable(BaseModel):
         f"{SEARCH_DEFAULTS['top_k']}); if none holds, the next ones are re-verified one by "
         "one, up to 8 in all, before exit 3"
     )
-    reverify_runs: Positive | None = _key(
+    reverify_runs: Annotated[int, Field(ge=1, le=MAX_REVERIFY_RUNS)] | None = _key(
         "rounds of fresh re-measurement at most: round 1 measures each of the top_k once, a "
         "later round only those within twice the noise of the fastest (the noise read from "
         "the runs), until one stands alone; the winner also gets one run with empty compile "
@@ -142,7 +146,7 @@ class StudyTable(BaseModel):
         "with the limit as a constraint"
     )
     sampler_seed: Seed | None = _key("sampler seed, for a reproducible search (default: random)")
-    nproc_per_node: Positive | None = _key(
+    nproc_per_node: Annotated[int, Field(ge=1, le=MAX_RANKS)] | None = _key(
         "ranks per trial: above 1 each trial is a sharded job (FSDP2, torchtitan order) under "
         "torchrun; with --gpus, each group of N GPUs runs one trial"
     )
@@ -173,7 +177,7 @@ def _value_type(k: Knob) -> Any:
         return Budget
     if k.value_type is tuple:
         return list[OpName]
-    return {"seed": Seed, "warmup_steps": Positive, "timed_steps": Positive}.get(k.name, Count)
+    return {"seed": Seed, "warmup_steps": Steps, "timed_steps": Steps}.get(k.name, Count)
 
 
 def _knob_key(k: Knob, kind: Any, *, allowed: str | None = None) -> tuple[Any, Any]:

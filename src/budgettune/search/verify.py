@@ -13,11 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import PinNoLongerFitsError, WorkloadError, WorkloadMismatchError
+from budgettune.errors import (
+    PinNoLongerFitsError,
+    WorkloadError,
+    WorkloadFailedError,
+    WorkloadMismatchError,
+)
 from budgettune.pinning import PinnedConfig, load_pinned
 from budgettune.trial.devices import check_device_available
 from budgettune.trial.launcher import launch_trial, trial_servers
-from budgettune.trial.results import TrialResult
+from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.trial_run import TrialRun
 from budgettune.units import format_bytes
 from budgettune.workload import check_reference, reference_origin
@@ -60,7 +65,17 @@ class VerifyReport:
         return statistics.median(times) if times else float("nan")
 
     def raise_if_over(self) -> None:
-        """Raises `PinNoLongerFitsError` when a run failed or the worst peak is over the limit."""
+        """Raises `PinNoLongerFitsError` (exit 3) when a run ran out of memory or the worst
+        peak is over the limit; `WorkloadFailedError` (exit 1) when a run failed otherwise (a
+        crash, a timeout, a bad option: issue 48, it said "no longer fits")."""
+        other = [r for r in self.failed if r.outcome is not TrialOutcome.OOM]
+        if other:
+            first = other[0]
+            raise WorkloadFailedError(
+                f"{self.path}: {len(other)} of {len(self.results)} runs ended "
+                f"{first.outcome.value}, which says nothing of its fit ({first.error}; log "
+                f"{first.log_path})"
+            )
         if self.failed:
             first = self.failed[0]
             raise PinNoLongerFitsError(

@@ -120,7 +120,8 @@ def storage_files(url: str | None) -> list[Path]:
         return []
     if database is None:
         return []
-    return [database, *(Path(f"{database}{suffix}") for suffix in ("-wal", "-shm", "-journal"))]
+    suffixes = ("-wal", "-shm", "-journal", ".claim-lock")  # the last: the study's claim lock
+    return [database, *(Path(f"{database}{suffix}") for suffix in suffixes)]
 
 
 def engine_kwargs(url: str) -> dict[str, object]:

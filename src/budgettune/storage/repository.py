@@ -17,7 +17,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from budgettune.errors import StorageError
+from budgettune.errors import PinnedConfigError, StorageError, one_line
 from budgettune.storage.engine import display_url, driver_line
 from budgettune.storage.models import (
     MEASUREMENT_KINDS,
@@ -219,4 +219,18 @@ class Storage:
         )
         with self._transaction() as session:
             text = session.scalars(query).first()
-        return None if text is None else json.loads(text)
+        if text is None:
+            return None
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # a corrupt row (issue 48): one line
+            raise PinnedConfigError(
+                f"the stored pin of study {study_name!r} is not readable JSON "
+                f"({one_line(exc, with_type=True)[:120]})"
+            ) from None
+        if not isinstance(value, dict):
+            raise PinnedConfigError(
+                f"the stored pin of study {study_name!r} is a JSON {type(value).__name__}, "
+                "not an object"
+            )
+        return value

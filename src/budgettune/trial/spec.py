@@ -29,6 +29,8 @@ EXPANDABLE = "expandable_segments:True"
 
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+MAX_STEPS = 10_000
+"""Bound of a trial's warm-up and timed steps (10^12 ran until killed: issue 48)."""
 """Compile modes that capture CUDA graphs (their memory pool is overwritten at each replay)."""
 
 
@@ -259,10 +261,12 @@ class TrialSpec:
             )
         if self.compile_backend != "inductor" and self.compile_mode not in ("default", "eager"):
             raise SpecError(f"compile_mode {self.compile_mode!r} needs compile_backend 'inductor'")
-        if self.warmup_steps < 1:
-            raise SpecError("warmup_steps must be at least 1 (compilation happens there)")
-        if self.timed_steps < 1:
-            raise SpecError("timed_steps must be at least 1")
+        if not 1 <= self.warmup_steps <= MAX_STEPS:
+            raise SpecError(
+                f"warmup_steps must be from 1 (compilation happens there) to {MAX_STEPS}"
+            )
+        if not 1 <= self.timed_steps <= MAX_STEPS:
+            raise SpecError(f"timed_steps must be from 1 to {MAX_STEPS}")
         parse_settings(self.cuda_alloc_conf)  # torch aborts the process on a malformed one
 
     @property

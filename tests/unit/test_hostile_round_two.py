@@ -1,0 +1,168 @@
+"""Issue 48's second hostile probe: each case failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budgettune.cli import app
+from budgettune.errors import (
+    PinnedConfigError,
+    PinNoLongerFitsError,
+    UsageError,
+    WorkloadFailedError,
+)
+from budgettune.pinning import check_pin_output, load_pinned
+from budgettune.search.verify import VerifyReport
+from budgettune.storage.engine import storage_files
+from budgettune.trial.results import TrialOutcome, TrialResult
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal", "-shm", "-journal", ".claim-lock"])
+def test_a_new_studys_database_and_journals_are_refused_before_they_exist(
+    tmp_path: Path, suffix: str
+) -> None:
+    # `search --storage-url new.db --output new.db` replaced the new study with the pin
+    database = tmp_path / "new.db"
+    target = Path(f"{database}{suffix}")
+    with pytest.raises(UsageError, match="name another file"):
+        check_pin_output(target, protected=storage_files(f"sqlite:///{database}"))
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "folder", "huge"])
+def test_a_pin_that_is_not_a_small_regular_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    # `verify /dev/zero` grew to 22 GB; a FIFO blocked forever
+    if kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        path = tmp_path / "pin.fifo"
+        os.mkfifo(path)
+    elif kind == "folder":
+        path = tmp_path
+    else:
+        path = tmp_path / "huge.json"
+        with path.open("wb") as handle:
+            handle.truncate(17 * 2**20)
+    with pytest.raises(PinnedConfigError) as raised:
+        load_pinned(path, warn=False, apply_allocator=False)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("path", [5, None, b"/tmp/pin.json", {"a": 1}])
+def test_load_pinned_of_no_path_is_a_budgettune_error(path: object) -> None:
+    with pytest.raises(PinnedConfigError, match="str or a Path"):
+        load_pinned(path)  # type: ignore[arg-type]
+
+
+def _db_with_pin_row(tmp_path: Path, text: str) -> Path:
+    from budgettune import storage
+
+    db = tmp_path / "r.db"
+    store = storage.open_storage(f"sqlite:///{db}")
+    import optuna
+
+    optuna.create_study(study_name="s", storage=store.optuna_storage)
+    store.record_pin(
+        study_name="s",
+        pin={"x": 1},
+        peak_bytes=1,
+        step_time_ms=1.0,
+        slowdown=None,
+        limit_bytes=1,
+        mem_metric="device",
+    )
+    with sqlite3.connect(db) as conn:
+        conn.execute("update bt_pins set pin_json = ?", (text,))
+    return db
+
+
+@pytest.mark.parametrize("text", ["", "[1]", "{", "1" * 5000, "[" * 5000 + "]" * 5000])
+def test_a_stored_pin_row_that_is_no_json_object_is_one_line(tmp_path: Path, text: str) -> None:
+    db = _db_with_pin_row(tmp_path, text)
+    runner = CliRunner()
+    url = f"sqlite:///{db}"
+    shown = runner.invoke(app, ["show", "--storage-url", url, "--study-name", "s"])
+    assert shown.exit_code == 0 and "Traceback" not in shown.output
+    assert "stored pin of study 's'" in shown.output
+    out = tmp_path / "o.json"
+    exported = runner.invoke(app, ["export", "--storage-url", url, "--output", str(out)])
+    assert exported.exit_code == 2 and not out.exists()
+    assert len(exported.stderr.strip().splitlines()) == 1
+
+
+def test_a_full_stdout_is_one_line(tmp_path: Path) -> None:
+    pin = tmp_path / "missing.json"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "budgettune", "workloads"],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1 and not pin.exists()
+    assert done.stderr.strip().splitlines() == ["error: No space left on device"]
+
+
+def _run(outcome: TrialOutcome) -> TrialResult:
+    return TrialResult(outcome=outcome, error=f"it {outcome.value}")
+
+
+def test_verify_exits_3_only_for_what_says_the_pin_no_longer_fits() -> None:
+    def report(*outcomes: TrialOutcome) -> VerifyReport:
+        return VerifyReport(
+            path="p.json",
+            limit_bytes=100,
+            mem_metric="device",
+            results=tuple(_run(o) for o in outcomes),
+        )
+
+    with pytest.raises(PinNoLongerFitsError):
+        report(TrialOutcome.OOM).raise_if_over()
+    # a crash or a timeout says nothing of the fit (issue 48: verify said "no longer fits")
+    for outcome in (TrialOutcome.CRASHED, TrialOutcome.TIMEOUT):
+        with pytest.raises(WorkloadFailedError) as raised:
+            report(TrialOutcome.OOM, outcome).raise_if_over()
+        assert raised.value.exit_code == 1
+    json.dumps(report().to_json_dict())  # no runs, nothing to raise
+    report().raise_if_over()
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--num-trials", "99999999999999999999999"], "--num-trials must be an integer from 0"),
+        (["--top-k", "99999999999999999999999999"], "--top-k must be an integer from 1"),
+        (["--reverify-runs", "1000000000"], "--reverify-runs must be an integer from 1 to 100"),
+        (["--nproc-per-node", "1000000"], "--nproc-per-node must be an integer from 1 to 4096"),
+        (["--warmup-steps", "1000000000000"], "warmup_steps must be from 1"),
+    ],
+)
+def test_counts_beyond_any_study_are_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
+) -> None:
+    # a search of 10^23 trials started and ran 212 trials before it was stopped
+    monkeypatch.chdir(tmp_path)
+    base = ["search", "--workload", "builtin:tiny-gpt", "--device", "cpu", "--max-mem", "125MB"]
+    done = CliRunner().invoke(app, [*base, *args, "--storage-url", "bt.db"])
+    assert done.exit_code == 2, done.output
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bt.db").exists()
+
+
+def test_a_study_file_with_a_huge_count_is_one_line(tmp_path: Path) -> None:
+    from budgettune.errors import StudyFileError
+    from budgettune.search.study_file import read_study_file
+
+    study = tmp_path / "a.toml"
+    study.write_text(
+        'workload = "builtin:tiny-gpt"\nmax_mem = "125MB"\ntop_k = ' + "9" * 38 + "\n"
+    )
+    with pytest.raises((StudyFileError, UsageError)) as raised:
+        read_study_file(study)
+    assert "top_k" in str(raised.value) and "\n" not in str(raised.value)
