@@ -56,7 +56,7 @@ def _measurement(**changes):
             {"compile_backend": "aot_eager_decomp_partition", "compile_mode": "max-autotune"},
             "needs",
         ),
-        ({"warmup_steps": 0}, "at least 1"),
+        ({"warmup_steps": 0}, "must be from 1"),
     ],
 )
 def test_spec_rejects_bad_values(changes, fragment) -> None:
