@@ -49,6 +49,12 @@ def _refused(workdir: Path, args: list[str], said: str) -> str:
         (["--max-mem", "1GB", "--collective-timeout", "-1"], "--collective-timeout-s must be"),
         (["--max-mem", "1GB", "--seed", "-1"], "--sampler-seed must be an integer from 0 to"),
         (["--max-mem", "1GB", "--trials", "-1"], "--num-trials must be an integer from 0 to"),
+        # issue 48: a search of 10^23 trials started and ran 212 trials before it was stopped
+        (["--max-mem", "1GB", "--num-trials", "9" * 23], "--num-trials must be an integer from 0"),
+        (["--max-mem", "1GB", "--top-k", "9" * 26], "--top-k must be an integer from 1"),
+        (["--max-mem", "1GB", "--reverify-runs", "1000000000"], "--reverify-runs must be an"),
+        (["--max-mem", "1GB", "--nproc-per-node", "1000000"], "must be an integer from 1 to 4096"),
+        (["--max-mem", "1GB", "--warmup-steps", "1000000000000"], "warmup_steps must be from 1"),
         (["--max-mem", "1GB", "--estimators", "flops,profile"], "'profile' needs CUDA"),
         (["--max-mem", "1GB", "--fix", "runtime_estimator=profile"], "'profile' needs CUDA"),
         (["--max-mem", "1GB", "--alloc-confs", "$(id)"], "'$(id)' is not a setting"),

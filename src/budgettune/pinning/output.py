@@ -27,7 +27,7 @@ def read_pin_bytes(path: object) -> bytes:
     """
     import stat
 
-    if not isinstance(path, str | os.PathLike) or isinstance(path, bytes):
+    if not isinstance(path, str | os.PathLike):
         raise TypeError(f"a pin's path is a str or a Path, not {type(path).__name__}")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer
     with os.fdopen(fd, "rb") as handle:

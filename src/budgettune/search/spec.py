@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
+from budgettune.pinning.pin_schema import MAX_WORLD_SIZE
 from budgettune.search.space import SearchSpace
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
@@ -34,8 +35,6 @@ MAX_COUNT = 1_000_000
 """Bound of a study's counts (trials, candidates): no real study comes near it."""
 MAX_REVERIFY_RUNS = 100
 """Bound of --reverify-runs (each run is a fresh process per candidate)."""
-MAX_RANKS = 4096
-"""Bound of --nproc-per-node (a pin's world size has the same)."""
 MIN_LIMIT_BYTES = 2**20
 """A limit below this (1 MiB) is a number written without its unit (``max_mem = 120``)."""
 MAX_LIMIT_BYTES = 2**63 - 1
@@ -133,7 +132,7 @@ class SearchSpec:
             ("--num-trials", self.num_trials, 0, MAX_COUNT),
             ("--top-k", self.top_k, 1, MAX_COUNT),
             ("--reverify-runs", self.reverify_runs, 1, MAX_REVERIFY_RUNS),
-            ("--nproc-per-node", self.nproc_per_node, 1, MAX_RANKS),
+            ("--nproc-per-node", self.nproc_per_node, 1, MAX_WORLD_SIZE),  # as a pin's
         ):
             if not _is_int(count) or not low <= count <= high:
                 shown = repr(count) if len(repr(count)) <= 40 else f"{repr(count)[:40]}..."

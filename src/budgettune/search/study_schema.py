@@ -19,11 +19,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import JsonDict
 
 from budgettune.errors import SpecError, StudyFileError
+from budgettune.pinning.pin_schema import MAX_WORLD_SIZE
 from budgettune.schema import OneOf, first_problem
 from budgettune.search.space import FIXABLE
 from budgettune.search.spec import (
     MAX_COUNT,
-    MAX_RANKS,
     MAX_REVERIFY_RUNS,
     MAX_SEED,
     MAX_TIMEOUT_S,
@@ -146,7 +146,7 @@ class StudyTable(BaseModel):
         "with the limit as a constraint"
     )
     sampler_seed: Seed | None = _key("sampler seed, for a reproducible search (default: random)")
-    nproc_per_node: Annotated[int, Field(ge=1, le=MAX_RANKS)] | None = _key(
+    nproc_per_node: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)] | None = _key(
         "ranks per trial: above 1 each trial is a sharded job (FSDP2, torchtitan order) under "
         "torchrun; with --gpus, each group of N GPUs runs one trial"
     )
