@@ -132,6 +132,42 @@ def test_a_choice_the_probe_left_unsettled_is_flipped_at_the_fastest_fit(
         assert "optimizer_impl" not in sampling_space(search, study.user_attrs).fixed
 
 
+def test_parallel_workers_flip_at_the_incumbent_while_block_ac_is_still_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers in parallel: while the structured points run, the next queued trial is the
+    unsettled optimizer flipped at the fastest point that fits so far, not a point of the
+    memory edge (2 x H200, 2026-11-28: the flip waited for the map and never ran)."""
+    monkeypatch.setitem(FIGURES, ("fused", 1, "full"), (93, 69.8))  # a tie with as written
+    monkeypatch.setitem(FIGURES, ("as_written", 2, "full"), (110, 57.0))
+    search = _search(tmp_path)
+    with storage_mod.open_storage(search.storage_url) as store:
+        study, _ = open_study(search, store, create=True, heartbeat_s=10)
+        measured: list[TrialSpec] = []  # structured-full-2 last: the incumbent
+        while "structured-full-2" not in [t.user_attrs.get("baseline") for t in study.trials]:
+            plan_opening(study, search, lambda _: None)
+            measured.append(_measure(study, search))  # the last: structured-full-2, fits
+        running, label = [], None
+        for _ in range(6):  # the other workers take each queued point and keep it running
+            plan_opening(study, search, lambda _: None)
+            waiting = [t for t in study.trials if t.state is optuna.trial.TrialState.WAITING]
+            if not waiting:
+                break
+            label = waiting[0].user_attrs["baseline"]
+            if not label.startswith("structured-"):
+                break
+            running.append(study.ask())
+        assert running, "a structured point ran beside the flip"
+        assert label == "flip-optimizer_impl"
+        queued = next(t for t in study.trials if t.state is optuna.trial.TrialState.WAITING)
+        spec = TrialSpec.from_json_dict(queued.user_attrs["enqueued_spec"])
+        assert (spec.block_ac_every, spec.block_ac_policy, spec.optimizer_impl) == (
+            2,
+            "full",
+            "fused",
+        )
+
+
 def test_a_long_study_then_lowers_the_budget_at_the_memory_edge(tmp_path: Path) -> None:
     """With trials to spare (20, not 10), once block AC is mapped the point over the limit
     (no block AC, 138 MB at budget 1.0, 45 ms) is measured at lower budgets, by bisection over

@@ -11,6 +11,7 @@ from budgettune.search.edge import EDGE_MIN_TRIALS, next_edge
 from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
+    MAX_FLIPS,
     Point,
     next_flip,
     next_structured,
@@ -209,6 +210,34 @@ def test_an_unsettled_choice_is_flipped_once_at_the_fastest_point_that_fits() ->
     assert step == ("flip-optimizer_impl", op1)
     # nothing fits yet: nothing to flip at
     assert next_flip(search, [_ok("x", op1, 11.0, 50.0)], held, given) is None
+
+
+def test_a_flip_follows_a_new_incumbent_up_to_max_flips() -> None:
+    """H200 x 2, 2026-11-28: 8 workers mapped block AC in parallel; the one flip waited for
+    the whole map, the trials ran out on memory-edge points first, and the pin (op AC every
+    block, AdamW as written) was 3.5 % slower than with the fused optimizer. A flip is taken at
+    the incumbent of its time, and again at a new one, `MAX_FLIPS` times a choice at most."""
+    search = _search(block_ac_every=(0, 1, 2, 4), block_ac_policies=("full", "op"))
+    given = TrialSpec()
+    held = {"cuda_alloc_conf": ""}
+    full2 = structured_spec(given, "full", 2)
+    points = [
+        _ok("block-ac-every-1", FULL_AC, 6.45, 62.9),
+        _ok("structured-full-2", full2, 9.3, 59.2),
+    ]
+    step = next_flip(search, points, held, given)
+    assert step == ("flip-optimizer_impl", full2.replace(optimizer_impl="fused"))
+    points.append(_ok(step[0], step[1], 9.4, 58.0))
+    assert next_flip(search, points, held, given) is None  # the incumbent's flip is known
+    op1 = structured_spec(given, "op", 1)
+    points.append(_ok("structured-op-1", op1, 10.0 / 1.03 - 0.1, 54.3))  # a new incumbent
+    step = next_flip(search, points, held, given)
+    assert step == ("flip-optimizer_impl", op1.replace(optimizer_impl="fused"))
+    points.append(_ok(step[0], step[1], 9.6, 56.0))  # slower here: op1 stays the incumbent
+    op4 = structured_spec(given, "op", 4)
+    points.append(_ok(None, op4.replace(activation_memory_budget=0.3), 9.0, 53.0))
+    assert MAX_FLIPS == 2
+    assert next_flip(search, points, held, given) is None  # two flips spent
 
 
 def _l3_peak(policy: str, stride: int, budget: float) -> tuple[float, float]:

@@ -20,7 +20,6 @@ from budgettune.search.space import SearchSpace
 from budgettune.search.spec import SearchSpec
 from budgettune.search.structured import (
     SETTLE_PREFIX,
-    STRUCTURED_PREFIX,
     Point,
     held_values,
     next_flip,
@@ -105,10 +104,8 @@ def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str]
     base = given.replace(**holding)
     policies = sampling_space(search, attrs).block_ac_policies
     step = next_structured(search, points, base, policies)
-    if step is None and all(
-        p.finished for p in points if (p.label or "").startswith(STRUCTURED_PREFIX)
-    ):  # the map is complete: the unsettled free choices, at the fastest point that fits
-        step = next_flip(search, points, holding, given)
+    if step is None:  # no structured point to queue now: the unsettled free choices, at the
+        step = next_flip(search, points, holding, given)  # fastest point that fits so far
     if step is None:  # nothing else to queue now: the budget that fits at the memory edge
         target = int(attrs.get(TARGET_ATTR) or search.num_trials)
         step = next_edge(search, points, base, policies, target)

@@ -23,9 +23,7 @@ def check_steady(study: optuna.Study, limit: int) -> None:
             raise error
 
 
-def steady_error(
-    limit: int, steady: int | None, *, trial: int | None = None
-) -> UsageError | None:
+def steady_error(limit: int, steady: int | None, *, trial: int | None = None) -> UsageError | None:
     """The error for a limit under the workload's steady memory (parameters + gradients +
     optimizer state, which no recompute setting changes); None when the limit is above it."""
     if steady is None or steady < limit:
