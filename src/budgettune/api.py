@@ -96,8 +96,10 @@ def search(
             CLI's exit codes 3, 4 and 1 say.
         KeyboardInterrupt: finished trials are kept; the running one runs again next time.
     """
-    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence) or not all(
-        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
+    if (
+        isinstance(gpus, (str, bytes))
+        or not isinstance(gpus, Sequence)
+        or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
     ):
         raise UsageError(f"budgettune.search: gpus takes GPU indices, e.g. [0, 1]; got {gpus!r}")
     if options is not None and not isinstance(options, Mapping):

@@ -15,6 +15,25 @@ def first_line(text: str) -> str:
     return ""
 
 
+MAX_ERROR_CHARS = 1000
+"""Longest error line printed: a hostile input echoed in a message (a 100 kB option value, a
+study name) is cut in the middle, so the line still says what was wrong and where."""
+_CONTROL = {
+    c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)
+}
+
+
+def terminal_safe(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` as a terminal may print it: control characters but newline and tab written as
+    escapes (an ANSI sequence in a study name cannot repaint the terminal), and at most
+    ``limit`` characters, the middle left out with a note of how much."""
+    text = text.translate(_CONTROL)
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 4
+    return f"{text[:head]} [... {len(text) - head - tail} characters left out ...] {text[-tail:]}"
+
+
 def one_line(exc: BaseException, *, with_type: bool = False) -> str:
     """An exception as one line: the first non-blank line of its message.
 

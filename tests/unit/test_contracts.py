@@ -49,7 +49,9 @@ def _measurement(**changes):
         ({"compile_mode": "turbo"}, "unknown compile_mode"),
         ({"compile_backend": "tvm"}, "unknown compile_backend"),
         ({"optimizer_impl": "cuda"}, "unknown optimizer_impl"),
-        ({"block_ac_every": -1}, "non-negative"),
+        ({"block_ac_every": -1}, "an integer from 0 to"),
+        ({"block_ac_every": 10**30}, "an integer from 0 to"),
+        ({"seed": 10**400}, "seed must be an integer from 0 to"),
         ({"recompute_ops_removed": ("add",)}, "not an op name"),
         ({"recompute_ops_removed": ("aten.mm",), "recompute_ops_added": ("aten.mm",)}, "both"),
         (

@@ -18,6 +18,7 @@ from budgettune.errors import (
     PinNoLongerFitsError,
     UsageError,
     WorkloadFailedError,
+    terminal_safe,
 )
 from budgettune.pinning import check_pin_output, load_pinned
 from budgettune.search.verify import VerifyReport
@@ -144,3 +145,80 @@ def test_a_study_file_with_a_huge_count_is_one_line(tmp_path: Path) -> None:
     with pytest.raises((StudyFileError, UsageError)) as raised:
         read_study_file(study)
     assert "top_k" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_error_line_that_echoes_a_100_kb_input_is_bounded(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / ('a' * 100_000)}.db"  # echoed as given: "no storage at URL"
+    result = CliRunner().invoke(app, ["show", "--storage-url", url])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ")  # the name is too long for the file system
+    assert "characters left out" in result.stderr and len(result.stderr) < 2_000
+
+
+def test_an_error_line_cannot_repaint_the_terminal() -> None:
+    line = terminal_safe("study 'x\x1b[2J\x1b[31mred\x9b0m' has\tno trials\nsecond line")
+    assert line == "study 'x\\x1b[2J\\x1b[31mred\\x9b0m' has\tno trials\nsecond line"
+
+
+def _good_pin() -> dict[str, object]:
+    return {
+        "schema_version": 1,
+        "spec": {"compile_mode": "eager"},
+        "workload": "builtin:tiny-gpt",
+        "limit_bytes": 125_000_000,
+        "mem_metric": "device",
+        "study_name": "s1",
+        "measured": {"runs": 1, "peak_worst_bytes": 100_000_000, "step_time_ms": 10.0},
+    }
+
+
+def test_output_dash_is_standard_output_not_a_file_named_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `export --output -` wrote a file named "-" (Unix tools read "-" as stdout)
+    monkeypatch.chdir(tmp_path)
+    pin = _good_pin()
+    (tmp_path / "pin.json").write_text(json.dumps(pin))
+    result = CliRunner().invoke(app, ["export", "--pin", "pin.json", "--output", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == pin  # the pin alone on stdout, as the file holds it
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("command", [["search", "--max-mem", "1GB"], ["db", "upgrade"]])
+def test_another_programs_database_is_refused_with_nothing_left_beside_it(
+    tmp_path: Path, command: list[str]
+) -> None:
+    database = tmp_path / "other.db"
+    with sqlite3.connect(database) as conn:
+        conn.execute("create table foo (x)")
+    before = database.read_bytes()
+    result = CliRunner().invoke(app, [*command, "--storage-url", f"sqlite:///{database}"])
+    assert result.exit_code == 2 and "another program's database" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]  # no .claim-lock
+    assert database.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"spec": []}, "spec: it must be a JSON object"),  # was read as the default spec
+        ({"spec": {"seed": 10**400}}, "seed must be an integer from 0 to"),
+        ({"spec": {"block_ac_every": 10**30}}, "block_ac_every must be an integer from 0 to"),
+        ({"measured": {"runs": 1, "peak_worst_bytes": -5}}, "peak_worst_bytes is -5"),
+        ({"study_name": "s1\n\x1b[2Jinjected"}, "study_name"),
+    ],
+)
+def test_a_pin_field_out_of_its_bounds_is_one_line(
+    tmp_path: Path, change: dict[str, object], said: str
+) -> None:
+    path = tmp_path / "pin.json"
+    path.write_text(json.dumps({**_good_pin(), **change}))
+    with pytest.raises(PinnedConfigError, match=said.replace("[", r"\[")):
+        load_pinned(path, warn=False, apply_allocator=False)
+
+
+def test_the_good_pin_of_these_cases_loads(tmp_path: Path) -> None:
+    path = tmp_path / "pin.json"
+    path.write_text(json.dumps(_good_pin()))
+    assert load_pinned(path, warn=False, apply_allocator=False).spec.compile_mode == "eager"

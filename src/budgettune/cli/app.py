@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from budgettune.errors import BudgettuneError, UsageError
+from budgettune.errors import BudgettuneError, UsageError, terminal_safe
 from budgettune.search.spec import DEFAULT_RUNS_DIR
 from budgettune.trial.processes import Terminated, sigterm_raises
 
@@ -91,8 +91,9 @@ stderr = Console(stderr=True, soft_wrap=True, markup=False)
 
 
 def print_error(text: str) -> None:
-    """``error: TEXT`` on stderr, the prefix in bold red, the text verbatim."""
-    stderr.print(Text("error: ", style="bold red") + Text(text), highlight=False)
+    """``error: TEXT`` on stderr, the prefix in bold red, the text as it is but bounded and
+    without control characters (`terminal_safe`: it may echo what a user gave)."""
+    stderr.print(Text("error: ", style="bold red") + Text(terminal_safe(text)), highlight=False)
 
 
 _state = {"debug": False}

@@ -60,7 +60,10 @@ def search(
         ),
     ] = None,
     output: Annotated[
-        Path, typer.Option("--output", help="Where to write the pinned config JSON.")
+        Path,
+        typer.Option(
+            "--output", help="Where to write the pinned config JSON (- for stdout, alone on it)."
+        ),
     ] = Path("budgettune-pin.json"),
     as_json: Annotated[
         bool, typer.Option("--json", help="Print only the pinned config JSON on stdout.")
@@ -84,6 +87,7 @@ def search(
     limit, 4 when no trial could be measured at all.
     """
     from budgettune.pinning import check_pin_output, write_pin
+    from budgettune.pinning.output import STDOUT
     from budgettune.search.run import run_search
     from budgettune.search.space import parse_fixed
     from budgettune.search.spec import DEFAULT_WORKLOAD
@@ -118,9 +122,10 @@ def search(
     started = time.monotonic()
     with SearchProgress() as progress:
         outcome = run_search(spec, progress, gpus=gpu_list)  # type: ignore[arg-type]
-    write_pin(output, outcome.pin)
-    if as_json:
-        print_json(outcome.pin)
+    write_pin(output, outcome.pin)  # "-": printed on stdout, alone
+    if as_json or str(output) == STDOUT:
+        if as_json and str(output) != STDOUT:
+            print_json(outcome.pin)
         return
     from budgettune.pinning import PinDocument
     from budgettune.present.tables import pin_table

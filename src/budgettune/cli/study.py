@@ -96,8 +96,8 @@ def export(
         typer.Option(
             "--output",
             "-o",
-            help="Pinned JSON to write (-o is the old spelling, read still: in search and "
-            "trial -o is --option).",
+            help="Pinned JSON to write, - for stdout (-o is the old spelling, read still: in "
+            "search and trial -o is --option).",
         ),
     ] = Path("budgettune-pin.json"),
     study: Annotated[str | None, STUDY_OPTION] = None,
@@ -156,8 +156,8 @@ def export(
                 highlight=False,
             )
         return
-    write_pin(output, document)
-    stdout.print(f"wrote {output}")
+    if str(write_pin(output, document)) != "-":  # "-": the pin alone on stdout
+        stdout.print(f"wrote {output}")
 
 
 def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:

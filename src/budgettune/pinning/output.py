@@ -3,7 +3,9 @@ path that cannot or must not be written (issue 48), and `write_pin` writes it at
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,13 +47,15 @@ def read_pin_bytes(path: object) -> bytes:
 def is_written_pin(path: Path) -> bool:
     """Whether ``path`` holds a pinned config budgettune wrote (a JSON object with its schema
     version and spec): one that ``--output`` may replace without ``--force``."""
-    import json
-
     try:
         data = json.loads(read_pin_bytes(path))
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "schema_version" in data and "spec" in data
+
+
+STDOUT = "-"
+"""The ``--output`` that means standard output (the pin alone on it), as Unix tools read it."""
 
 
 def check_pin_output(
@@ -70,11 +74,15 @@ def check_pin_output(
     existing file that is not a pin budgettune wrote, or a symbolic link (the rename replaces
     the link, not its target).
 
+    ``-`` is standard output (`STDOUT`): nothing to check.
+
     Raises:
         UsageError: naming the path and what to do instead.
     """
     import stat
 
+    if str(path) == STDOUT:
+        return
     target = Path(path)
     try:
         status = target.lstat()
@@ -126,14 +134,19 @@ def check_pin_output(
 
 def write_pin(path: str | Path, pin: PinDocument | Mapping[str, Any]) -> Path:
     """Write the pinned JSON atomically (a document read elsewhere is written as it was read);
-    returns the path written.
+    returns the path written. ``-`` (`STDOUT`) prints it on standard output instead, as the
+    file would hold it.
 
     Raises:
         BudgettuneError: the file cannot be written (one line, with the reason).
     """
+    data = pin.to_json_dict() if isinstance(pin, PinDocument) else pin
+    if str(path) == STDOUT:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        return Path(STDOUT)
     target = Path(path)
     try:
-        write_json_atomically(target, pin.to_json_dict() if isinstance(pin, PinDocument) else pin)
+        write_json_atomically(target, data)
     except OSError as exc:
         raise BudgettuneError(
             f"cannot write the pinned config {target}: {exc.strerror or exc}"

@@ -24,6 +24,9 @@ MAX_WORLD_SIZE = 4096
 """The most ranks a pin may name (``verify`` launches that many)."""
 MAX_COUNT = 2**31 - 1
 """The largest trial number, trial count or run count a pin may hold."""
+STUDY_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
+"""A study name as `budgettune.search.spec.STUDY_NAME_PATTERN` has it (printed in tables: no
+newline or terminal escape may come with it)."""
 MAX_MS = 1e9
 """The longest step time a pin may hold (11.6 days)."""
 
@@ -60,6 +63,9 @@ class PinFields(BaseModel):
     op_sac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     no_offload: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     host_limit_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
+    study_name: Annotated[str, Field(pattern=STUDY_NAME)] | None = Field(
+        None, json_schema_extra={"allowed": "a study name (letters, digits, '.', '_', '-')"}
+    )
 
 
 def _problem(where: str, name: str, value: Any) -> str | None:
@@ -69,7 +75,8 @@ def _problem(where: str, name: str, value: Any) -> str | None:
         return None
     if isinstance(value, int):
         bound = MAX_COUNT if name in ("runs", "cold_runs", "rank") else MAX_BYTES
-        if not -MAX_BYTES <= value <= bound:
+        counted = name.endswith("bytes") or bound == MAX_COUNT  # never below 0
+        if not (0 if counted else -MAX_BYTES) <= value <= bound:
             return f"{where}{name} is {value!r:.40}: out of range"
     elif isinstance(value, float):
         limit = MAX_MS if name.endswith("_ms") else 1e30

@@ -293,6 +293,8 @@ def parse_pin(data: Any, *, source: str = "") -> PinnedConfig:
             f"(this budgettune reads version {SCHEMA_VERSION}); re-export it with "
             "`budgettune export` from a matching budgettune"
         )
+    if not isinstance(data.get("spec"), dict):  # a list [] read as the default spec
+        raise PinnedConfigError(f"{source}: invalid pinned spec: it must be a JSON object")
     try:
         TrialSpec.from_json_dict(data["spec"])
     except (KeyError, TypeError, SpecError) as exc:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
-from budgettune.pinning.pin_schema import MAX_WORLD_SIZE
+from budgettune.pinning.pin_schema import MAX_WORLD_SIZE, STUDY_NAME
 from budgettune.search.space import SearchSpace
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
@@ -49,7 +49,7 @@ MAX_TRIALS_PER_GPU = 8
 """The most trials `trials_per_gpu` runs on one GPU at once (each holds its model there)."""
 MAX_SEED = 2**32 - 1
 """The largest sampler seed (the TPE sampler seeds numpy, which takes 32 bits)."""
-STUDY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+STUDY_NAME_PATTERN = re.compile(STUDY_NAME)
 """A study name: it becomes a folder under the runs folder, so no separator, no leading dot."""
 STUDY_NAME_RULE = "1 to 200 letters, digits, '.', '_' or '-', starting with a letter, digit or '_'"
 

@@ -22,7 +22,7 @@ import sqlalchemy
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from budgettune.errors import StorageError
+from budgettune.errors import ForeignDatabaseError, StorageError
 from budgettune.storage.engine import (
     display_url,
     driver_line,
@@ -138,6 +138,7 @@ def creation_lock(url: str | None) -> Iterator[None]:
     if path is not None and not path.parent.is_dir():
         yield  # open_storage reports the missing folder
         return
+    made = path is not None and not Path(f"{path}{CLAIM_LOCK_SUFFIX}").exists()
     lock = ClaimLock(full_url, "")
     try:
         try:
@@ -145,6 +146,15 @@ def creation_lock(url: str | None) -> Iterator[None]:
         except StorageError:
             pass  # unreachable: open_storage says so in its own words ("cannot connect to")
         yield
+    except ForeignDatabaseError:
+        # refused unchanged means nothing left beside it either (issue 48: a .claim-lock stayed
+        # next to another program's database); no budgettune process can use that file, so no
+        # other holder of the lock file can be fooled by its removal
+        if made:
+            lock.close()
+            with contextlib.suppress(OSError):
+                Path(f"{path}{CLAIM_LOCK_SUFFIX}").unlink()
+        raise
     finally:
         lock.close()
 

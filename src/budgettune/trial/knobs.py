@@ -32,6 +32,10 @@ from budgettune.errors import SpecError
 
 T = TypeVar("T")
 
+MAX_KNOB_INT = 2**32 - 1
+"""The largest value of an integer knob or setting (a stride, a seed: torch seeds take 64
+bits, the samplers 32); a pin's ``"seed": 10**400`` is refused here (issue 48)."""
+
 AppliedBy = Literal[
     "partitioner", "op_list", "compile", "block_ac", "offload", "optimizer", "allocator", "step"
 ]
@@ -146,8 +150,14 @@ class Knob:
                 allowed = " or ".join(_text(c) for c in self.choices)
                 raise SpecError(f"{self.name} must be {allowed}, got {value!r}")
         elif self.value_type is int:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SpecError(f"{self.name} must be a non-negative integer, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_KNOB_INT
+            ):
+                raise SpecError(
+                    f"{self.name} must be an integer from 0 to {MAX_KNOB_INT}, got {value!r:.40}"
+                )
         elif self.value_type is str and not isinstance(value, str):
             raise SpecError(f"{self.name} must be a string, got {value!r}")
 

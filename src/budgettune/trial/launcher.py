@@ -134,9 +134,7 @@ def launch_trial(
     try:
         if cache_dir is not None:  # made here, so a cache that cannot be made is no crash
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        result = _run_child(
-            run, folder, timeout_s=timeout_s, extra_env=extra_env, servers=servers
-        )
+        result = _run_child(run, folder, timeout_s=timeout_s, extra_env=extra_env, servers=servers)
     except OSError as exc:
         raise TrialInfrastructureError(_fault_line(exc, exc.filename or folder)) from exc
     if result.outcome is TrialOutcome.CRASHED:

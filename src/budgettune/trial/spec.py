@@ -34,6 +34,10 @@ MAX_STEPS = 10_000
 """Compile modes that capture CUDA graphs (their memory pool is overwritten at each replay)."""
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _compiled(spec: TrialSpec) -> bool:
     return spec.compile_mode != "eager"
 
@@ -245,6 +249,12 @@ class TrialSpec:
         overlap = set(self.recompute_ops_removed) & set(self.recompute_ops_added)
         if overlap:
             raise SpecError(f"ops both removed and added: {', '.join(sorted(overlap))}")
+        if _is_int(self.warmup_steps) and not 1 <= self.warmup_steps <= MAX_STEPS:
+            raise SpecError(
+                f"warmup_steps must be from 1 (compilation happens there) to {MAX_STEPS}"
+            )
+        if _is_int(self.timed_steps) and not 1 <= self.timed_steps <= MAX_STEPS:
+            raise SpecError(f"timed_steps must be from 1 to {MAX_STEPS}")
         for k in KNOBS:
             if k.value_type is not float and k.value_type is not tuple:
                 k.check(getattr(self, k.name))
@@ -261,12 +271,6 @@ class TrialSpec:
             )
         if self.compile_backend != "inductor" and self.compile_mode not in ("default", "eager"):
             raise SpecError(f"compile_mode {self.compile_mode!r} needs compile_backend 'inductor'")
-        if not 1 <= self.warmup_steps <= MAX_STEPS:
-            raise SpecError(
-                f"warmup_steps must be from 1 (compilation happens there) to {MAX_STEPS}"
-            )
-        if not 1 <= self.timed_steps <= MAX_STEPS:
-            raise SpecError(f"timed_steps must be from 1 to {MAX_STEPS}")
         parse_settings(self.cuda_alloc_conf)  # torch aborts the process on a malformed one
 
     @property
