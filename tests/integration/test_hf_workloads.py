@@ -216,4 +216,3 @@ def test_a_task_the_family_lacks_is_one_line() -> None:
     message = str(caught.value)
     assert "\n" not in message  # transformers' own message lists every config class below
     assert message.startswith("hf:gpt2: no seq2seq-lm model for GPT2Config: ")
-

@@ -163,9 +163,7 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     runs = json.loads(_invoke("show", "--storage", db, "--phases", "--json").stdout)["runs"]
     assert {r["kind"] for r in runs} == {"trial", "reverify"}
     assert all(r["phases_s"]["compile"] > 0 for r in runs if r["outcome"] == "ok")
-    assert all(
-        sum(r["phases_s"].values()) == pytest.approx(r["wall_s"], abs=0.01) for r in runs
-    )
+    assert all(sum(r["phases_s"].values()) == pytest.approx(r["wall_s"], abs=0.01) for r in runs)
     assert set(trials[0].user_attrs["phases_s"]) >= {"start", "imports", "compile", "exit"}
     exported = _invoke("export", "--storage", db, "--output", str(tmp_path / "exported.json"))
     assert exported.exit_code == 0, exported.output

@@ -139,6 +139,19 @@ def test_a_lightning_trainer_fits_with_the_pin_applied(tmp_path: Path) -> None:
     assert len(module.losses) == 3 and all(math.isfinite(loss) for loss in module.losses)
 
 
+def test_lightning_warns_when_it_accumulates_otherwise_than_the_pin(tmp_path: Path) -> None:
+    """Issue 46: a pin measured with 2 micro-batches accumulated per optimizer step, in a
+    Trainer that accumulates none: the step the job runs is not the one measured."""
+    pytest.importorskip("lightning")
+    example = _example("lightning_with_pin")
+    pin = _pin(tmp_path, SPEC.replace(micro_batch=4, accum_steps=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        example.train(str(pin), steps=1)
+    said = [str(w.message) for w in caught if issubclass(w.category, StalePinWarning)]
+    assert any("accumulate_grad_batches=2" in line and "of 4 rows" in line for line in said)
+
+
 def test_lightning_warns_when_training_step_skips_the_compiled_forward(tmp_path: Path) -> None:
     """Without ``module="model"`` the LightningModule's own forward is compiled, which the
     example's training_step never calls: the first step says so."""

@@ -33,9 +33,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrialServers]:
     pool.close()
 
 
-def _run(
-    folder: Path, workload: str, servers: TrialServers | None, *, timeout_s: float = 120.0
-):
+def _run(folder: Path, workload: str, servers: TrialServers | None, *, timeout_s: float = 120.0):
     run = TrialRun(spec=FAST, workload=workload, device="cpu", cache_root=None)
     return launch_trial(run, run_dir=folder, timeout_s=timeout_s, servers=servers)
 

@@ -123,6 +123,7 @@ def _run_job(
     }
     path.write_text(json.dumps(document))
     pinned = load_pinned(path, warn=False)
+    seen["batch"] = pinned.batch_arguments()  # the job's loader and loop (issue 46)
     model = Tiny()
     compiled = pinned.compile(model, blocks=list(model.blocks))
     optimizer = pinned.optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
@@ -154,6 +155,7 @@ def test_every_knob_is_applied_by_the_job(
         "offload",
         "optimizer",
         "allocator",
+        "batch",
     ), f"the job has no way to apply {knob.name}"
     if knob.applied_by == "partitioner":
         assert knob.functorch_key in recompute._CONFIG_KEYS

@@ -182,9 +182,7 @@ def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() 
     def timed(ms: float) -> TrialResult:
         result = ok_result()
         assert result.measurement is not None
-        return result.replace(
-            measurement=dataclasses.replace(result.measurement, step_time_ms=ms)
-        )
+        return result.replace(measurement=dataclasses.replace(result.measurement, step_time_ms=ms))
 
     full_ac = TrialSpec(block_ac_every=1)
     pin = build_pin(

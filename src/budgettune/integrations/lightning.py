@@ -26,12 +26,13 @@ installed; the callback's base class is that package's, so use the matching `Tra
 from __future__ import annotations
 
 import importlib
+import warnings
 from pathlib import Path
 from typing import Any
 
 from budgettune.errors import SpecError
 from budgettune.integrations.trainer_pin import TrainerPin
-from budgettune.pinning import PinnedConfig
+from budgettune.pinning import PinnedConfig, StalePinWarning
 
 
 def _lightning() -> Any:
@@ -76,9 +77,24 @@ class PinCallback(pl.Callback):  # type: ignore[misc,name-defined]
         return target
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Before fitting: apply the pin to the model."""
-        if stage == "fit":
-            self.pin.apply_model(self._target(pl_module))
+        """Before fitting: apply the pin to the model; warn when the trainer accumulates
+        otherwise than the pin was measured (the loader's batch size is the user's loader's:
+        the pin's is `PinnedConfig.micro_batch`)."""
+        if stage != "fit":
+            return
+        self.pin.apply_model(self._target(pl_module))
+        pinned = self.pin.pinned
+        accumulate = getattr(trainer, "accumulate_grad_batches", pinned.accum_steps)
+        if accumulate != pinned.accum_steps:
+            warnings.warn(
+                f"pinned config {pinned.path} was measured with {pinned.accum_steps} "
+                f"micro-batch(es) accumulated per optimizer step"
+                + (f" of {pinned.micro_batch} rows" if pinned.micro_batch else "")
+                + f"; this Trainer accumulates {accumulate}: set "
+                f"lightning.Trainer(accumulate_grad_batches={pinned.accum_steps})",
+                StalePinWarning,
+                stacklevel=2,
+            )
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """The optimizers are built, none has stepped: the pinned implementation."""

@@ -159,6 +159,11 @@ def torchtitan_config(pinned: PinnedConfig) -> TorchtitanConfig:
         sections["compile"]["backend"] = spec.compile_backend
     if spec.optimizer_impl != "as_written":
         sections["optimizer"] = {"implementation": spec.optimizer_impl}
+    if spec.micro_batch:  # torchtitan accumulates global / (local x data-parallel ranks)
+        sections["training"] = {
+            "local_batch_size": spec.micro_batch,
+            "global_batch_size": spec.samples_per_step * pinned.pin.world_size,
+        }
     return TorchtitanConfig(
         sections=sections, not_expressed=tuple(_not_expressed(pinned)), source=pinned.path
     )

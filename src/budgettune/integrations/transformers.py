@@ -73,6 +73,18 @@ class PinCallback(transformers.TrainerCallback):  # type: ignore[misc]
                     StalePinWarning,
                     stacklevel=4,
                 )
+        wanted = self.pin.pinned.batch_arguments()
+        other = {k: getattr(args, k, v) for k, v in wanted.items() if getattr(args, k, v) != v}
+        if other:  # the step the pin measured is another batch's (issue 46)
+            warnings.warn(
+                f"pinned config {self.pin.pinned.path} was measured at "
+                + ", ".join(f"{k}={v}" for k, v in wanted.items())
+                + "; these TrainingArguments run "
+                + ", ".join(f"{k}={v}" for k, v in other.items())
+                + ": build them with TrainingArguments(**pinned.batch_arguments(), ...)",
+                StalePinWarning,
+                stacklevel=4,
+            )
         if spec.is_compiled and getattr(args, "torch_compile", False):
             warnings.warn(
                 f"pinned config {self.pin.pinned.path}: the pin compiles the model itself; "

@@ -66,6 +66,31 @@ class PinnedConfig:
         """What the trials changed in the model besides the knobs (``use_cache=False``)."""
         return self.pin.model_changes
 
+    @property
+    def micro_batch(self) -> int | None:
+        """Rows of one forward+backward the pin was measured at (None: the workload's own)."""
+        return self.spec.micro_batch or None
+
+    @property
+    def accum_steps(self) -> int:
+        """Forward+backward passes per optimizer step (gradient accumulation; 1: none)."""
+        return self.spec.accum_steps
+
+    @property
+    def global_batch(self) -> int | None:
+        """Rows per optimizer step, micro-batch x accumulation (None: micro-batch not set)."""
+        return self.spec.samples_per_step or None
+
+    def batch_arguments(self) -> dict[str, int]:
+        """What the job's loader and loop must run, as `transformers.TrainingArguments` names
+        it: ``per_device_train_batch_size`` (when the pin set a micro-batch) and
+        ``gradient_accumulation_steps``; ``TrainingArguments(**pinned.batch_arguments(),
+        ...)``. Lightning: ``accumulate_grad_batches``, and the loader's ``batch_size``."""
+        arguments = {"gradient_accumulation_steps": self.accum_steps}
+        if self.micro_batch is not None:
+            arguments = {"per_device_train_batch_size": self.micro_batch, **arguments}
+        return arguments
+
     def env_assignment(self) -> str:
         """``PYTORCH_CUDA_ALLOC_CONF=...`` for a launch script (empty: the pin sets none)."""
         return env_assignment(self.spec.cuda_alloc_conf)

@@ -126,6 +126,13 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
             else ")"
         ),
     )
+    rows = pin.spec.samples_per_step
+    if rows and measured.step_time_ms > 0:  # a micro-batch of the search's (issue 46)
+        table.add_row(
+            "samples/s",
+            f"{rows * 1e3 / measured.step_time_ms:.1f} ({pin.spec.micro_batch} a pass x "
+            f"{pin.spec.accum_steps} accumulated = {rows} a step)",
+        )
     table.add_row(
         "fits",
         f"worst peak x {1 + pin.margin:.2f} (the margin) "

@@ -22,6 +22,7 @@ from budgettune.search.structured import (
     SETTLE_PREFIX,
     Point,
     held_values,
+    next_batch_point,
     next_flip,
     next_structured,
     settle,
@@ -31,6 +32,7 @@ from budgettune.search.structured import (
 from budgettune.search.study import as_given
 from budgettune.storage.trials import FULL_AC, record_of
 from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, TARGET_ATTR
+from budgettune.trial.spec import KNOB_BY_NAME
 
 _STATE = optuna.trial.TrialState
 
@@ -74,14 +76,23 @@ def sampling_space(search: SearchSpec, study_attrs: Mapping[str, Any]) -> Search
 
 
 def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str], None]) -> None:
-    """Record newly settled choices (and say so), then queue the next structured point.
+    """Queue the batch finder's next point (several micro-batches searched), else record newly
+    settled choices (and say so), then queue the next structured point.
 
     Nothing is queued while trials wait in the queue or a settle probe (or the full-AC
     reference) has no result yet: the next point depends on them.
     """
+    trials = study.get_trials(deepcopy=False)
+    sizes = search.space.values_of(KNOB_BY_NAME["micro_batch"])
+    if len(sizes) > 1 and not any(t.state is _STATE.WAITING for t in trials):
+        step = next_batch_point(
+            points_of(trials, search.mem_metric), as_given(search), sizes, search.global_batch
+        )
+        if step is not None:  # the batch finder's points before the structured opening
+            enqueue_baseline(study, search, *step)
+            return
     if not wants_structured_opening(search, study.user_attrs.get(TARGET_ATTR)):
         return
-    trials = study.get_trials(deepcopy=False)
     points = points_of(trials, search.mem_metric)
     settled = {s.knob: s for s in settle(points, FULL_AC)}
     known = held(study.user_attrs)

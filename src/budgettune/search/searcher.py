@@ -148,10 +148,12 @@ class Searcher:
             self.study, trial_timeout_s=self.search.trial_timeout_s, heartbeat_s=self.heartbeat_s
         )
 
-    def reference(self) -> dict[str, float] | None:
-        """First-step loss and grad norm of the study's unconstrained baseline, if measured."""
+    def reference(self, spec: TrialSpec) -> dict[str, float] | None:
+        """First-step loss and grad norm of the unconstrained baseline, if measured at
+        ``spec``'s micro-batch (another micro-batch is other data)."""
         found = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
-        return None if found is None else found.first_step()
+        other = found is not None and found.spec and found.spec.micro_batch != spec.micro_batch
+        return None if found is None or other else found.first_step()
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
@@ -162,7 +164,8 @@ class Searcher:
             suggest_spec(trial, self.search.space, self.search.base)
             return TrialSpec.from_json_dict(enqueued)
         space = sampling_space(self.search, self.study.user_attrs)
-        return suggest_spec(trial, space, self.search.base, declared=self.search.space)
+        drawn = suggest_spec(trial, space, self.search.base, declared=self.search.space)
+        return self.search.batched(drawn)
 
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.
@@ -186,7 +189,7 @@ class Searcher:
         self.done += 1  # it ran here, even if another process has failed the trial meanwhile
         is_reference = trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED
         if not is_reference:
-            result = check_numerics(result, self.reference())
+            result = check_numerics(result, self.reference(spec))
         self._store(trial.number, "trial", spec, result)
         for key, attr in result_attrs(spec, result).items():
             trial.set_user_attr(key, attr)
@@ -354,16 +357,14 @@ class Searcher:
         """Measure each job ``runs`` times (default ``--reverify``) in fresh processes, over
         every device of ``devices`` at once, each run stored as a ``reverify`` of its trial as
         soon as it is in (numerics checked where the job asks). Runs stored for the same trial
-        and configuration on the same GPU model and torch version (an earlier round, a search
-        cut off and resumed: `stored_runs`) count: only the missing ones are measured."""
+        and configuration on the same GPU model and torch (`stored_runs`) count."""
         kept = stored_runs(self.store, self.search.study_name, jobs)
         wanted = self.search.reverify_runs if runs is None else runs
-        reference = self.reference()
 
         def finish(index: int, result: TrialResult) -> TrialResult:
             job = jobs[index]
             if job.check:
-                result = check_numerics(result, reference)
+                result = check_numerics(result, self.reference(job.spec))
             self._store(job.number, "reverify", job.spec, result)
             return result
 

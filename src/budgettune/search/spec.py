@@ -13,6 +13,12 @@ from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.pinning.pin_schema import MAX_WORLD_SIZE, STUDY_NAME
+from budgettune.search.batch import (
+    MAX_GLOBAL_BATCH,  # noqa: F401 - re-exported
+    accumulated,
+    given_micro_batch,
+    micro_batch_sizes,
+)
 from budgettune.search.space import SearchSpace
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
@@ -105,6 +111,10 @@ class SearchSpec:
     trials_per_gpu: int = 1
     """Trials run at once on each GPU (one-rank CUDA trials): above 1 they take turns on it,
     so that only their compiles overlap (`budgettune.trial.gpu_turns`)."""
+    global_batch: int = 0
+    """Rows per optimizer step (per rank), the same in every trial: each trial runs its
+    micro-batch with ``global_batch / micro_batch`` passes accumulated, so every step time is
+    that of one optimizer step at this batch (0: each trial's own batch, one pass)."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
@@ -180,6 +190,7 @@ class SearchSpec:
             )
         self._check_estimators()
         self._check_compiled_offload()
+        self._check_batch()
         host = self.max_host_mem_bytes
         if host is None:
             host = default_host_limit()
@@ -187,6 +198,23 @@ class SearchSpec:
         if not _is_int(host) or not MIN_LIMIT_BYTES <= host <= MAX_LIMIT_BYTES:
             raise UsageError(f"--max-host-mem must be a size of at least 1 MiB, got {host!r}")
         object.__setattr__(self, "workload_options", dict(self.workload_options))
+
+    def _check_batch(self) -> None:
+        """The micro-batches tried, narrowed to those that divide the global batch."""
+        knob = KNOB_BY_NAME["micro_batch"]
+        sizes = self.space.values_of(knob)
+        kept = micro_batch_sizes(self.global_batch, sizes, self.workload_options)
+        if kept != sizes and knob.name not in self.space.fixed:
+            object.__setattr__(self, "space", self.space.replace(lists={knob.plural: kept}))
+
+    def batched(self, spec: TrialSpec) -> TrialSpec:
+        """``spec`` with the accumulation up to the global batch (`batch.accumulated`)."""
+        return accumulated(spec, self.global_batch)
+
+    def given_micro_batch(self) -> int:
+        """The baselines' micro-batch (`batch.given_micro_batch`)."""
+        sizes = self.space.values_of(KNOB_BY_NAME["micro_batch"])
+        return given_micro_batch(sizes, self.workload_options)
 
     def _check_compiled_offload(self) -> None:
         """``op_offload`` needs compile: a space that could pair it with eager is refused."""

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from budgettune.search.batch import accumulated
 from budgettune.search.spec import SearchSpec
 from budgettune.trial.spec import EXPANDABLE, KNOB_BY_NAME, TrialSpec
 
@@ -334,3 +335,35 @@ def settled_attr(settlements: Sequence[Settlement]) -> dict[str, Any]:
 def held_values(attr: Mapping[str, Any] | None) -> dict[str, Any]:
     """``{knob: value}`` from the study attr (`SETTLED_ATTR`)."""
     return {knob: entry["value"] for knob, entry in (attr or {}).items()}
+
+
+BATCH_PREFIX = "batch-"
+"""Baseline label of a batch point: ``batch-none-4`` (budget 1.0), ``batch-full-4``."""
+
+
+def next_batch_point(
+    points: Sequence[Point], given: TrialSpec, sizes: Sequence[int], global_batch: int
+) -> tuple[str, TrialSpec] | None:
+    """The next point of the memory axis in batch (issue 46), what a batch finder returns:
+    the largest micro-batch that fits at budget 1.0 (``given``: no block AC), and under full
+    block AC on every block, walked down from the largest. None when both are found (or none
+    fits), or a point of the walk is still running.
+
+    Args:
+        points: every trial of the study, finished or not.
+        given: the configuration as given (budget 1.0, no block AC, its micro-batch).
+        sizes: the micro-batches the search tries.
+        global_batch: the rows of one optimizer step.
+    """
+    by_spec = {p.spec: p for p in points}
+    for name, base in (("none", given), ("full", given.replace(block_ac_every=1))):
+        for size in sorted(sizes, reverse=True):
+            spec = accumulated(base.replace(micro_batch=size), global_batch)
+            point = by_spec.get(spec)
+            if point is None:
+                return f"{BATCH_PREFIX}{name}-{size}", spec
+            if not point.finished:
+                return None  # the walk waits for it
+            if point.fits:
+                break  # the largest that fits under this configuration
+    return None

@@ -82,6 +82,8 @@ def study_attrs(search: SearchSpec) -> dict[str, Any]:
         "margin": search.margin,
         # a study of one rank per trial keeps the attrs it had before sharded trials existed
         **({"nproc_per_node": search.nproc_per_node} if search.is_sharded else {}),
+        # a study of one batch per trial keeps the attrs it had before issue 46
+        **({"global_batch": search.global_batch} if search.global_batch else {}),
         # not the host limit: its default is a share of each host's memory, and the pin
         # checks its re-measurements against the limit of the search that pins
     }
@@ -218,15 +220,19 @@ def as_given(search: SearchSpec) -> TrialSpec:
     every other knob the search fixes (offload, ...) at its fixed value (the unconstrained
     baseline; the other baselines change one thing of it)."""
     held = {k: v for k, v in search.space.fixed.items() if k not in _SET_BY_BASELINES}
-    defaults = {
+    defaults: dict[str, Any] = {
         "compile_mode": "default",
         "compile_backend": search.space.compile_backend,
         "optimizer_impl": "as_written",
         "cuda_alloc_conf": "",
     }
+    if search.global_batch:
+        defaults["micro_batch"] = search.given_micro_batch()
     # the fixed values win over those defaults
-    return search.base.replace(
-        **{**defaults, **held, "activation_memory_budget": 1.0, "block_ac_every": 0}
+    return search.batched(
+        search.base.replace(
+            **{**defaults, **held, "activation_memory_budget": 1.0, "block_ac_every": 0}
+        )
     )
 
 

@@ -134,6 +134,7 @@ _PASSED = (
     "nproc_per_node",
     "collective_timeout_s",
     "trials_per_gpu",
+    "global_batch",
 )
 """Study keys that are `SearchSpec` fields as they are (a key not given takes the field's
 default, declared once, in `SearchSpec`)."""

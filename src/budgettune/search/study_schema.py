@@ -24,6 +24,7 @@ from budgettune.schema import OneOf, first_problem
 from budgettune.search.space import FIXABLE
 from budgettune.search.spec import (
     MAX_COUNT,
+    MAX_GLOBAL_BATCH,
     MAX_REVERIFY_RUNS,
     MAX_SEED,
     MAX_TIMEOUT_S,
@@ -152,6 +153,12 @@ class StudyTable(BaseModel):
     )
     collective_timeout_s: Seconds | None = _key(
         "seconds a rank's collective may wait before it fails"
+    )
+    global_batch: Annotated[int, Field(ge=0, le=MAX_GLOBAL_BATCH)] | None = _key(
+        "rows per optimizer step (per rank), the same in every trial: each trial accumulates "
+        "global_batch / micro_batch passes, and the search ranks time per optimizer step; "
+        "with --micro-batches 2,4,8 it searches the micro-batch too (a size that does not "
+        "divide it is not tried)"
     )
     trials_per_gpu: Annotated[int, Field(ge=1, le=MAX_TRIALS_PER_GPU)] | None = _key(
         "trials run at once on each GPU (default 1): they take turns on it, so that only "

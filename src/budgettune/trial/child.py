@@ -9,6 +9,7 @@ the outcome: the outcome is in the file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import Any, TypedDict
 
 from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
 from budgettune.trial import measure, recompute
+from budgettune.trial.accumulation import batch_rows
 from budgettune.trial.cpu_cores import apply_cpu_share
 from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
 from budgettune.trial.dropout import active_dropout
@@ -47,6 +49,16 @@ class RunInfo(TypedDict):
     torch_version: str
     cuda_version: str
     device_name: str
+
+
+def workload_options(run: TrialRun) -> dict[str, Any]:
+    """The builder's options: the run's, with ``batch_size`` set to the spec's micro-batch
+    when it has one (a builder without that option is refused by `load_workload` in one
+    line naming it)."""
+    options = dict(run.workload_options)
+    if run.spec.micro_batch:
+        options["batch_size"] = run.spec.micro_batch
+    return options
 
 
 def _error(exc: BaseException) -> str:
@@ -208,7 +220,7 @@ def _measure_in(
             info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
         torch.manual_seed(run.spec.seed)
         try:
-            workload = load_workload(run.workload, device, run.workload_options)
+            workload = load_workload(run.workload, device, workload_options(run))
             workload_fingerprint = fingerprint(workload).to_json_dict()
             logger.info("workload built in %.1f s", clock.lap("build"))
         except torch.cuda.OutOfMemoryError:
@@ -229,6 +241,10 @@ def _measure_in(
         logger.info("step prepared in %.1f s", clock.lap("prepare"))
         alone = None if turns is None else turns.alone
         measurement: Measurement = measure.measure(step, run.spec, clock, alone)
+        rows = batch_rows(workload.batch)
+        measurement = dataclasses.replace(
+            measurement, samples_per_step=rows * run.spec.accum_steps
+        )
         logger.info(
             "measured (first step, compile included: %.1f s; other warm-up steps %.1f s; "
             "memory and timed steps %.1f s)",

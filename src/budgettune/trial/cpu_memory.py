@@ -56,17 +56,20 @@ def profile_cpu_step(
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         if on_window_start is not None:
             on_window_start()
-        with record_function(_MARKER_PREFIX + "forward"):
-            loss = step.forward_loss()
-        with record_function(_MARKER_PREFIX + "backward"):
-            step.backward(loss)
-            del loss
+        # accumulating, the passes after the first run with the gradients held: every pass
+        # is in the window, each phase's peak the highest of its passes
+        for _ in range(step.spec.accum_steps):
+            with record_function(_MARKER_PREFIX + "forward"):
+                loss = step.forward_loss()
+            with record_function(_MARKER_PREFIX + "backward"):
+                step.backward(loss)
+                del loss
         with record_function(_MARKER_PREFIX + "optimizer"):
             step.optimizer_step()
         if on_window_end is not None:
             on_window_end()
 
-    phase_start_ns: dict[str, int] = {}
+    markers: list[tuple[int, str]] = []
     memory: list[tuple[int, int]] = []
     for event in prof.profiler.kineto_results.events():
         name = event.name()
@@ -74,12 +77,12 @@ def profile_cpu_step(
             if event.device_type() == DeviceType.CPU:
                 memory.append((event.start_ns(), event.nbytes()))
         elif name.startswith(_MARKER_PREFIX) and name[len(_MARKER_PREFIX) :] in PHASES:
-            phase_start_ns[name[len(_MARKER_PREFIX) :]] = event.start_ns()
-    missing = [phase for phase in PHASES if phase not in phase_start_ns]
+            markers.append((event.start_ns(), name[len(_MARKER_PREFIX) :]))
+    missing = [phase for phase in PHASES if phase not in {phase for _, phase in markers}]
     if missing:
         raise RuntimeError(f"the profiler recorded no marker for phase(s) {missing}")
     memory.sort()
-    return _phase_peaks(memory, phase_start_ns)
+    return _phase_peaks(memory, markers)
 
 
 def cpu_memory_events(prof: Any) -> list[tuple[int, int]]:
@@ -103,8 +106,10 @@ def running_peak_bytes(memory: list[tuple[int, int]]) -> int:
     return peak
 
 
-def _phase_peaks(memory: list[tuple[int, int]], phase_start_ns: dict[str, int]) -> CpuStepMemory:
-    boundaries = sorted((start, phase) for phase, start in phase_start_ns.items())
+def _phase_peaks(memory: list[tuple[int, int]], markers: list[tuple[int, str]]) -> CpuStepMemory:
+    """Running-total peaks per phase; ``markers``: ``(start_ns, phase)`` of each phase's
+    start, a phase possibly more than once (accumulating: two passes), its peak the higher."""
+    boundaries = sorted(markers)
     phase_peaks = dict.fromkeys(PHASES, 0)
     running = peak = 0
     index = 0
@@ -116,7 +121,7 @@ def _phase_peaks(memory: list[tuple[int, int]], phase_start_ns: dict[str, int]) 
             running += memory[index][1]
             phase_peak = max(phase_peak, running)
             index += 1
-        phase_peaks[phase] = phase_peak
+        phase_peaks[phase] = max(phase_peaks[phase], phase_peak)
         peak = max(peak, phase_peak)
     return CpuStepMemory(
         window_peak_bytes=peak, phase_peak_bytes=phase_peaks, num_memory_events=len(memory)

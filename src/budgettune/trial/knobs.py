@@ -37,14 +37,24 @@ MAX_KNOB_INT = 2**32 - 1
 bits, the samplers 32); a pin's ``"seed": 10**400`` is refused here (issue 48)."""
 
 AppliedBy = Literal[
-    "partitioner", "op_list", "compile", "block_ac", "offload", "optimizer", "allocator", "step"
+    "partitioner",
+    "op_list",
+    "compile",
+    "block_ac",
+    "offload",
+    "optimizer",
+    "allocator",
+    "batch",
+    "step",
 ]
 """How the child and the job apply a knob: ``partitioner`` (its ``functorch_key``, scoped
 around each compiled call), ``op_list`` (the partitioner's recomputable list), ``compile``
 (`torch.compile`'s arguments), ``block_ac`` (checkpoint wrappers on the repeated blocks),
 ``offload`` (saved-tensor hooks around every k-th block, the blocks then compiled one by one:
 `recompute.apply_offload`),
-``optimizer`` (`pinned.optimizer`), ``allocator`` (`load_pinned`); ``step`` is no knob but a
+``optimizer`` (`pinned.optimizer`), ``allocator`` (`load_pinned`), ``batch`` (the builder's
+``batch_size`` in the child; in the job the loader's batch and the accumulation, which
+`PinnedConfig.batch_arguments` gives and the integrations check); ``step`` is no knob but a
 setting of the measurement (steps, seed) that a job does not take from the pin."""
 Sampled = Literal["choice", "range", "subset", "study"]
 """How the search varies a knob: ``choice`` (one of the values its plural lists), ``range``

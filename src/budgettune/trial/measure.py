@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import NonFiniteLossError, SharedGpuError
+from budgettune.trial.accumulation import cpu_timer, cuda_timer, timed_apart
 from budgettune.trial.cpu_memory import profile_cpu_step
 from budgettune.trial.devices import process_used_bytes
+from budgettune.trial.host_window import host_window, start_host_window
 from budgettune.trial.results import PHASES, Measurement
 
 if TYPE_CHECKING:
@@ -119,7 +121,8 @@ def _lap(clock: PhaseClock | None, phase: str) -> None:
 
 
 def warm_up(step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None) -> FirstStep:
-    """Run ``spec.warmup_steps`` full steps; record the first one's time, loss and grad norm.
+    """Run ``spec.warmup_steps`` full steps; record the first one's time, loss and grad norm
+    (of its first forward+backward pass, when it accumulates).
 
     Raises:
         NonFiniteLossError: the first loss or grad norm is NaN or infinite (before the
@@ -138,6 +141,8 @@ def warm_up(step: PreparedStep, spec: TrialSpec, clock: PhaseClock | None = None
             "measured under this configuration can be pinned; if every configuration does "
             "this, check the workload's loss, data and learning rate"
         )
+    for _ in range(step.spec.accum_steps - 1):
+        step.forward_backward()  # the gradients kept between passes, as the job accumulates
     step.optimizer_step()
     _synchronize(step.device)
     compile_s = time.perf_counter() - start
@@ -193,42 +198,6 @@ def live_tensor_bytes(device_type: str, *, model: Any, optimizer: Any, batch: An
     return sum(storages.values())
 
 
-def _offloads(step: PreparedStep) -> bool:
-    return step.offload is not None or step.spec.compiled_offload
-
-
-def start_host_window(step: PreparedStep) -> None:
-    """Start the measured step's host figures (offload only)."""
-    if not _offloads(step):
-        return
-    if step.offload is not None:
-        step.offload.ledger.reset_peak()
-    if step.device.type == "cuda":
-        import torch
-
-        reset = getattr(torch.cuda, "reset_peak_host_memory_stats", None)
-        if callable(reset):
-            reset()
-
-
-def host_window(step: PreparedStep) -> tuple[int, int]:
-    """The measured step's host peak and bytes offloaded (see `Measurement.host_peak_bytes`);
-    (0, 0) without offload. The compiled offload (``op_offload``) has no ledger: its host peak
-    is the pinned allocator's (CUDA), its bytes moved are not counted (0)."""
-    if not _offloads(step):
-        return 0, 0
-    ledger = step.offload.ledger if step.offload is not None else None
-    peak = ledger.peak_bytes if ledger is not None else 0
-    if step.device.type == "cuda":
-        import torch
-
-        stats = getattr(torch.cuda, "host_memory_stats", None)
-        pinned = stats().get("allocated_bytes.peak") if callable(stats) else None
-        if isinstance(pinned, int) and pinned > 0:
-            peak = max(peak, pinned)
-    return peak, ledger.moved_bytes if ledger is not None else 0
-
-
 # --------------------------------------------------------------------------- CPU
 
 
@@ -242,10 +211,14 @@ def _measurement(
     phase_peaks: dict[str, int],
     times_ms: list[float],
     host: tuple[int, int] = (0, 0),
+    split: tuple[float, float] | None = None,
 ) -> Measurement:
-    """Assemble a `Measurement` (shared by the CPU and CUDA recipes)."""
+    """Assemble a `Measurement` (shared by the CPU and CUDA recipes); ``split``: the median
+    forward+backward pass and optimizer step of an accumulating step, timed apart."""
     median, p10, p90 = _percentiles_ms(times_ms)
     return Measurement(
+        forward_backward_ms=None if split is None else split[0],
+        optimizer_ms=None if split is None else split[1],
         host_peak_bytes=host[0],
         offload_bytes=host[1],
         peak_allocated_bytes=allocated,
@@ -274,11 +247,14 @@ def measure_cpu(
     host = host_window(step)
     phase_peaks = {phase: steady + window.phase_peak_bytes[phase] for phase in PHASES}
     peak = steady + window.window_peak_bytes
-    times_ms = []
-    for _ in range(spec.timed_steps):
-        start = time.perf_counter()
-        step.run_step()
-        times_ms.append((time.perf_counter() - start) * 1e3)
+    if step.spec.accum_steps > 1:
+        times_ms, split = timed_apart(step, spec.timed_steps, cpu_timer)
+    else:
+        times_ms, split = [], None
+        for _ in range(spec.timed_steps):
+            start = time.perf_counter()
+            step.run_step()
+            times_ms.append((time.perf_counter() - start) * 1e3)
     _lap(clock, "measure")
     return _measurement(
         first,
@@ -289,6 +265,7 @@ def measure_cpu(
         phase_peaks=phase_peaks,
         times_ms=times_ms,
         host=host,
+        split=split,
     )
 
 
@@ -355,32 +332,39 @@ def _measure_cuda_window(
     def close_phase(phase: str) -> None:
         nonlocal reserved_peak
         torch.cuda.synchronize(device)
-        phase_peaks[phase] = torch.cuda.max_memory_allocated(device)
+        allocated = torch.cuda.max_memory_allocated(device)
+        phase_peaks[phase] = max(phase_peaks.get(phase, 0), allocated)
         reserved_peak = max(reserved_peak, torch.cuda.max_memory_reserved(device))
         torch.cuda.reset_peak_memory_stats(device)
 
     torch.cuda.reset_peak_memory_stats(device)
     start_host_window(step)
-    loss = step.forward_loss()
-    close_phase("forward")
-    step.backward(loss)
-    del loss
-    close_phase("backward")
+    # accumulating, the passes after the first run with the gradients held: every pass is
+    # in the window, each phase's peak the highest of its passes
+    for _ in range(step.spec.accum_steps):
+        loss = step.forward_loss()
+        close_phase("forward")
+        step.backward(loss)
+        del loss
+        close_phase("backward")
     step.optimizer_step()
     close_phase("optimizer")
     peak = max(phase_peaks.values())
     host = host_window(step)
 
-    times_ms = []
     with torch.cuda.device(device):  # events record on the current stream of this device
-        for _ in range(spec.timed_steps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            step.run_step()
-            end.record()
-            end.synchronize()
-            times_ms.append(float(start.elapsed_time(end)))
+        if step.spec.accum_steps > 1:
+            times_ms, split = timed_apart(step, spec.timed_steps, cuda_timer)
+        else:
+            times_ms, split = [], None
+            for _ in range(spec.timed_steps):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                step.run_step()
+                end.record()
+                end.synchronize()
+                times_ms.append(float(start.elapsed_time(end)))
     _lap(clock, "measure")
     return _measurement(
         first,
@@ -391,4 +375,5 @@ def _measure_cuda_window(
         phase_peaks=phase_peaks,
         times_ms=times_ms,
         host=host,
+        split=split,
     )

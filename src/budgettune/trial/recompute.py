@@ -112,12 +112,20 @@ class PreparedStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def run_step(self) -> torch.Tensor:
-        """One full training step; returns the (detached) loss."""
+    def forward_backward(self) -> torch.Tensor:
+        """One forward+backward pass (the gradients add up to those already there); returns
+        the (detached) loss."""
         loss = self.forward_loss()
         self.backward(loss)
-        self.optimizer_step()
         return loss.detach()
+
+    def run_step(self) -> torch.Tensor:
+        """One full training step: ``spec.accum_steps`` forward+backward passes, then the
+        optimizer; returns the last (detached) loss."""
+        for _ in range(self.spec.accum_steps):
+            loss = self.forward_backward()
+        self.optimizer_step()
+        return loss
 
 
 def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> PreparedStep:

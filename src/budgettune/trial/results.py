@@ -104,6 +104,20 @@ class Measurement:
     blocks up and keeps them cached), else the offloaded bytes held at once."""
     offload_bytes: int = 0
     """Bytes the measured step copied to host memory (as many come back in its backward)."""
+    forward_backward_ms: float | None = None
+    """Median forward+backward pass of an accumulating step (``accum_steps`` > 1), timed
+    apart from the optimizer step (None: the step is one pass, timed whole)."""
+    optimizer_ms: float | None = None
+    """Median optimizer step of an accumulating step (None: timed with its pass)."""
+    samples_per_step: int = 0
+    """Rows one optimizer step takes: the batch's rows x ``accum_steps`` (0: not known)."""
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Samples per second at the median step time (None when the rows are not known)."""
+        if not self.samples_per_step or self.step_time_ms <= 0:
+            return None
+        return self.samples_per_step * 1e3 / self.step_time_ms
 
     def __post_init__(self) -> None:
         if self.peak_phase not in PHASES:

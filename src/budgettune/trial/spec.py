@@ -233,6 +233,23 @@ class TrialSpec:
         relevant=_compiled,
         render=lambda s: "aggressive recompute" if s.aggressive_recomputation else None,
     )
+    micro_batch: int = knob(
+        0,
+        help="rows of one forward+backward: the workload builder's batch_size (0: the "
+        "workload's own batch)",
+        applied_by="batch",
+        sampled="choice",
+        plural="micro_batches",
+        space_default=(0,),  # searched when a study lists sizes (with --global-batch)
+        render=lambda s: f"micro-batch {s.micro_batch}" if s.micro_batch else None,
+    )
+    accum_steps: int = knob(
+        1,
+        help="forward+backward passes per optimizer step, the gradients kept between them "
+        "(gradient accumulation); a search sets it from --global-batch",
+        applied_by="batch",
+        render=lambda s: f"accumulate {s.accum_steps}" if s.accum_steps > 1 else None,
+    )
     seed: int = setting(0, help="seed of the step's randomness (dropout etc.)")
     warmup_steps: int = setting(2, help="untimed steps before measuring (compilation is here)")
     timed_steps: int = setting(5, help="steps timed after the memory-measured one")
@@ -255,6 +272,8 @@ class TrialSpec:
             )
         if _is_int(self.timed_steps) and not 1 <= self.timed_steps <= MAX_STEPS:
             raise SpecError(f"timed_steps must be from 1 to {MAX_STEPS}")
+        if _is_int(self.accum_steps) and not 1 <= self.accum_steps <= MAX_STEPS:
+            raise SpecError(f"accum_steps must be from 1 to {MAX_STEPS}")
         for k in KNOBS:
             if k.value_type is not float and k.value_type is not tuple:
                 k.check(getattr(self, k.name))
@@ -272,6 +291,12 @@ class TrialSpec:
         if self.compile_backend != "inductor" and self.compile_mode not in ("default", "eager"):
             raise SpecError(f"compile_mode {self.compile_mode!r} needs compile_backend 'inductor'")
         parse_settings(self.cuda_alloc_conf)  # torch aborts the process on a malformed one
+
+    @property
+    def samples_per_step(self) -> int:
+        """Rows per optimizer step (micro-batch x accumulation); 0 when the micro-batch is the
+        workload's own (known only once built)."""
+        return self.micro_batch * self.accum_steps
 
     @property
     def is_compiled(self) -> bool:

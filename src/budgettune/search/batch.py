@@ -1,0 +1,73 @@
+"""Batch size in a search (issue 46): which micro-batches a search tries, the accumulation
+that makes each up to the global batch, and the micro-batch of the configuration as given."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from budgettune.errors import UsageError
+from budgettune.trial.spec import TrialSpec
+
+MAX_GLOBAL_BATCH = 1_000_000
+"""The most rows one optimizer step may take (``--global-batch``)."""
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def micro_batch_sizes(
+    global_batch: Any, sizes: tuple[int, ...], options: Mapping[str, Any]
+) -> tuple[int, ...]:
+    """The micro-batches a search tries: several need a global batch (else no two step times
+    are of the same work); with one, a size that does not divide it is not tried; none
+    listed, the workload's ``batch_size`` option is the one.
+
+    Raises:
+        UsageError: one line saying what to give.
+    """
+    if not _count(global_batch) or not 0 <= global_batch <= MAX_GLOBAL_BATCH:
+        raise UsageError(
+            f"--global-batch must be an integer from 0 to {MAX_GLOBAL_BATCH}, got "
+            f"{global_batch!r:.40}"
+        )
+    if not global_batch:
+        if len(sizes) > 1:
+            raise UsageError(
+                f"--micro-batches {','.join(map(str, sizes))}: give --global-batch N too, "
+                "the rows of one optimizer step (each size accumulates up to it), so that the "
+                "trials' step times are of the same work"
+            )
+        return sizes
+    if sizes == (0,):
+        own = options.get("batch_size")
+        if not isinstance(own, int) or isinstance(own, bool) or own <= 0:
+            raise UsageError(
+                f"--global-batch {global_batch} needs the micro-batches to try (--micro-batches "
+                "2,4,8) or the workload's batch size (--option batch_size=N)"
+            )
+        sizes = (own,)
+    kept = tuple(size for size in sizes if size > 0 and global_batch % size == 0)
+    if not kept:
+        raise UsageError(
+            f"no micro-batch of {','.join(map(str, sizes))} divides --global-batch {global_batch}"
+        )
+    return kept
+
+
+def accumulated(spec: TrialSpec, global_batch: int) -> TrialSpec:
+    """``spec`` with the accumulation that makes its micro-batch up to ``global_batch`` (as it
+    is without a global batch or a micro-batch of its own)."""
+    if not global_batch or not spec.micro_batch:
+        return spec
+    return spec.replace(accum_steps=global_batch // spec.micro_batch)
+
+
+def given_micro_batch(sizes: tuple[int, ...], options: Mapping[str, Any]) -> int:
+    """The micro-batch of the configuration as given (the baselines'): the workload's
+    ``batch_size`` where the search tries it, else the largest it tries."""
+    own = options.get("batch_size")
+    if isinstance(own, int) and own in sizes:
+        return own
+    return int(max(sizes))

@@ -1,0 +1,109 @@
+"""Issue 46: the micro-batch in the search. Micro-batches 2, 4, 8 at a global batch of 16 on
+the tiny GPT: every trial's step is one optimizer step of 16 rows (its micro-batch
+accumulated), the batch finder's points come first, and the pin's micro-batch and accumulation
+are in the pin file, in `PinnedConfig` and in a `Trainer` that applies the pin."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import optuna
+import torch
+from typer.testing import CliRunner
+
+from budgettune.cli import app
+from budgettune.pinning import StalePinWarning, load_pinned
+
+
+def test_a_search_over_micro_batches_pins_one_and_a_trainer_runs_it(tmp_path: Path) -> None:
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from budgettune.integrations.transformers import PinCallback
+
+    db, pin_path = tmp_path / "bt.db", tmp_path / "pin.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "search", "-w", "builtin:tiny-gpt", "--option", "n_layers=1",
+            "--max-mem", "115MB", "--micro-batches", "2,4,8,3", "--global-batch", "16",
+            "--num-trials", "4", "--compile-backend", "aot_eager_decomp_partition",
+            "--warmup-steps", "1", "--timed-steps", "1", "--top-k", "1",
+            "--reverify-runs", "1", "--storage-url", f"sqlite:///{db}",
+            "--runs-dir", str(tmp_path / "runs"), "--output", str(pin_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    trials = optuna.load_study(study_name=None, storage=f"sqlite:///{db}").trials
+    specs = [t.user_attrs["spec"] for t in trials if "spec" in t.user_attrs]
+    # 3 does not divide 16: never tried; every trial is 16 rows a step
+    assert {s["micro_batch"] for s in specs} <= {2, 4, 8}
+    assert all(s["micro_batch"] * s["accum_steps"] == 16 for s in specs)
+    # the baselines at the largest micro-batch, then the batch finder's walk down: budget 1.0
+    # at 8 is over the limit, so 4 is tried next
+    labels = [t.user_attrs.get("baseline") for t in trials]
+    assert labels[:4] == ["unconstrained", "block-ac-every-1", "budget-0.5", "batch-none-4"]
+    assert "samples/s" in result.stderr  # the progress lines
+
+    document = json.loads(pin_path.read_text())
+    micro, accum = document["spec"]["micro_batch"], document["spec"]["accum_steps"]
+    assert micro in (2, 4, 8) and micro * accum == 16
+    pinned = load_pinned(pin_path, warn=False, apply_allocator=False)
+    assert (pinned.micro_batch, pinned.accum_steps, pinned.global_batch) == (micro, accum, 16)
+    assert pinned.batch_arguments() == {
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": accum,
+    }
+
+    rows_seen: list[int] = []
+    optimizer_steps: list[int] = []
+
+    class Count(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+            optimizer_steps.append(len(rows_seen))
+
+    def trainer(**batch: int) -> Trainer:
+        config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=32)
+        model = GPT2LMHeadModel(config)
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: rows_seen.append(kwargs["input_ids"].shape[0]),
+            with_kwargs=True,
+        )
+        tokens = torch.randint(0, config.vocab_size, (64, 16))
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), max_steps=2, save_strategy="no",
+            report_to="none", use_cpu=True, disable_tqdm=True, **batch,
+        )  # fmt: skip
+        data = [{"input_ids": row, "labels": row} for row in tokens]
+        return Trainer(
+            model=model, args=args, train_dataset=data, callbacks=[PinCallback(pinned), Count()]
+        )
+
+    def batch_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+        return [
+            str(w.message)
+            for w in caught
+            if issubclass(w.category, StalePinWarning)
+            and "TrainingArguments run" in str(w.message)
+        ]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # (the pin is the tiny GPT's: the model's size differs)
+        trainer(**pinned.batch_arguments()).train()
+    assert batch_warnings(caught) == []
+    assert set(rows_seen) == {micro}  # every forward a micro-batch of the pin's
+    assert optimizer_steps == [accum, 2 * accum]  # the pin's accumulation per optimizer step
+
+    rows_seen.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(per_device_train_batch_size=16, gradient_accumulation_steps=1)
+    said = batch_warnings(caught)
+    assert len(said) == 1 and "per_device_train_batch_size=16" in said[0], said

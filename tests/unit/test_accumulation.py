@@ -1,0 +1,81 @@
+"""Issue 46: a trial at a micro-batch with gradient accumulation measures what the job runs:
+the passes after the first hold the gradients (the peak across them), the passes and the
+optimizer step are timed apart, and the micro-batch is the builder's ``batch_size``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from recompute_models import tiny_lm_workload
+
+from budgettune.errors import SpecError, WorkloadError
+from budgettune.trial import measure, recompute
+from budgettune.trial.accumulation import batch_rows
+from budgettune.trial.child import workload_options
+from budgettune.trial.results import Measurement
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
+from budgettune.workload import load_workload
+
+CPU = torch.device("cpu")
+
+
+def _measured(accum_steps: int) -> tuple[Measurement, int]:
+    torch.manual_seed(0)
+    workload = tiny_lm_workload(layers=1, batch=2)
+    spec = TrialSpec(compile_mode="eager", accum_steps=accum_steps, warmup_steps=1, timed_steps=2)
+    step = recompute.prepare(workload, spec, CPU)
+    grads = sum(p.numel() * p.element_size() for p in step.model.parameters())
+    return measure.measure(step, spec), grads
+
+
+def test_the_passes_after_the_first_hold_the_gradients_and_are_timed_apart() -> None:
+    one, grads = _measured(1)
+    three, _ = _measured(3)
+    # the second and third passes run with every gradient already there: the forward's peak
+    # rises by the gradients' bytes, which one pass never holds in its forward
+    assert three.phase_peak_bytes["forward"] - one.phase_peak_bytes["forward"] >= grads
+    assert three.peak_device_bytes > one.peak_device_bytes
+    assert three.steady_bytes == one.steady_bytes  # between steps: no gradients
+    # one pass is timed whole; three are timed apart from the optimizer step
+    assert one.forward_backward_ms is None and one.optimizer_ms is None
+    assert three.forward_backward_ms is not None and three.optimizer_ms is not None
+    assert three.step_time_ms == pytest.approx(3 * three.forward_backward_ms + three.optimizer_ms)
+    # the first pass's loss and gradient norm: the same whatever follows it
+    assert three.loss == pytest.approx(one.loss)
+    assert three.grad_norm == pytest.approx(one.grad_norm)
+
+
+def test_the_micro_batch_is_the_builders_batch_size() -> None:
+    run = TrialRun(
+        spec=TrialSpec(micro_batch=3),
+        workload="builtin:tiny-gpt",
+        workload_options={"batch_size": 8, "n_layers": 1},
+    )
+    options = workload_options(run)
+    assert options == {"batch_size": 3, "n_layers": 1}
+    workload = load_workload(run.workload, CPU, options)
+    assert batch_rows(workload.batch) == 3
+    # 0: the workload's own batch, as written
+    assert workload_options(TrialRun(spec=TrialSpec(), workload="builtin:tiny-gpt")) == {}
+
+
+def test_a_builder_without_batch_size_is_refused_naming_the_option(tmp_path) -> None:
+    (tmp_path / "nobatch.py").write_text(
+        "import torch\n"
+        "from budgettune import Workload\n"
+        "def build(device):\n"
+        "    model = torch.nn.Linear(4, 4).to(device)\n"
+        "    return Workload(model=model, batch=torch.ones(2, 4),\n"
+        "        loss=lambda m, b: m(b).sum(),\n"
+        "        optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n"
+    )
+    run = TrialRun(spec=TrialSpec(micro_batch=4), workload=f"{tmp_path / 'nobatch.py'}:build")
+    with pytest.raises(WorkloadError, match="has no option.*batch_size"):
+        load_workload(run.workload, CPU, workload_options(run))
+
+
+@pytest.mark.parametrize("accum_steps", [0, 10**6])
+def test_accumulation_steps_are_bounded(accum_steps: int) -> None:
+    with pytest.raises(SpecError, match="accum_steps must be from 1 to"):
+        TrialSpec(accum_steps=accum_steps)
