@@ -79,3 +79,51 @@ def test_a_builder_without_batch_size_is_refused_naming_the_option(tmp_path) -> 
 def test_accumulation_steps_are_bounded(accum_steps: int) -> None:
     with pytest.raises(SpecError, match="accum_steps must be from 1 to"):
         TrialSpec(accum_steps=accum_steps)
+
+
+def test_a_trials_table_says_the_passes_and_the_samples_per_second() -> None:
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from budgettune.present.tables import result_table
+    from budgettune.trial.results import TrialOutcome, TrialResult
+
+    measured, _ = _measured(3)
+    measured = dataclasses.replace(measured, samples_per_step=6)
+    spec = TrialSpec(micro_batch=2, accum_steps=3)
+    out = io.StringIO()
+    Console(file=out, width=200).print(
+        result_table(TrialResult(outcome=TrialOutcome.OK, measurement=measured), spec=spec)
+    )
+    text = out.getvalue()
+    assert "3 passes of" in text and "(2 rows each)" in text and "optimizer step" in text
+    assert f"{6e3 / measured.step_time_ms:.1f} (6 a step)" in text
+
+
+def test_the_pin_table_and_the_dashboard_note_give_the_pins_samples_per_second() -> None:
+    import io
+
+    from rich.console import Console
+
+    from budgettune.pinning.pinned import parse_pin
+    from budgettune.present.dashboard_views import study_note
+    from budgettune.present.tables import pin_table
+
+    document = {
+        "schema_version": 1,
+        "spec": {"micro_batch": 4, "accum_steps": 4},
+        "workload": "builtin:tiny-gpt",
+        "limit_bytes": 125_000_000,
+        "mem_metric": "device",
+        "trial_number": 3,
+        "measured": {"runs": 1, "peak_worst_bytes": 80_000_000, "step_time_ms": 250.0},
+    }
+    pin = parse_pin(document, source="pin.json").pin
+    said = "64.0 (4 a pass x 4 accumulated = 16 a step)"
+    out = io.StringIO()
+    Console(file=out, width=200).print(pin_table(pin))
+    assert said in out.getvalue()
+    note = study_note(study_name="s", search={}, points=[], num_failed=0, pin=pin)
+    assert f"| samples/s | {said} |" in note

@@ -19,7 +19,7 @@ import optuna
 import plotly.graph_objects as go
 
 from budgettune.pinning import PinDocument, phase_advice
-from budgettune.present.tables import moved_text
+from budgettune.present.tables import moved_text, samples_line
 from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import is_feasible, record_of
 from budgettune.trial.results import TrialOutcome
@@ -218,6 +218,13 @@ def memory_time_figure(
     return figure
 
 
+def _batch_rows(pin: PinDocument) -> list[str]:
+    """The pin's micro-batch, accumulation and samples per second (issue 46), when it set a
+    micro-batch."""
+    samples = samples_line(pin.spec, pin.measured.step_time_ms)
+    return [f"| samples/s | {samples} |"] if samples else []
+
+
 def _sharded_rows(pin: PinDocument) -> list[str]:
     """The note's rows for torchtitan's op SAC and, when sharded, the world size and ranks."""
     rows = []
@@ -299,6 +306,7 @@ def study_note(
             f"| {format_bytes(peak)}{share}, set in {measured.peak_phase or '?'} |",
             f"| limit | {format_bytes(pin.limit_bytes)} ({pin.mem_metric}) |",
             f"| step time (median) | {measured.step_time_ms:.2f} ms |",
+            *_batch_rows(pin),
             f"| slowdown vs unconstrained | {slowdown} |",
             *vs_full_ac,
             *_sharded_rows(pin),

@@ -34,6 +34,16 @@ def result_table(
             f"{m.step_time_ms:.2f} ms (p10 {m.step_time_p10_ms:.2f}, "
             f"p90 {m.step_time_p90_ms:.2f})",
         )
+        if m.forward_backward_ms is not None and m.optimizer_ms is not None:
+            passes = m.samples_per_step // max(1, spec.accum_steps) if spec else 0
+            table.add_row(
+                "accumulated",
+                f"{spec.accum_steps if spec else '?'} passes of {m.forward_backward_ms:.2f} ms"
+                + (f" ({passes} rows each)" if passes else "")
+                + f", then the optimizer step {m.optimizer_ms:.2f} ms",
+            )
+        if m.samples_per_s is not None:
+            table.add_row("samples/s", f"{m.samples_per_s:.1f} ({m.samples_per_step} a step)")
         table.add_row("compile", f"{m.compile_s:.1f} s")
         table.add_row("first-step loss", f"{m.loss:.6g} (grad norm {m.grad_norm:.6g})")
         if m.offload_bytes or m.host_peak_bytes or (spec is not None and spec.offloads):
@@ -56,6 +66,18 @@ def result_table(
     if result.phases_s:
         table.add_row("where it went", phases_line(result.phases_s))
     return table
+
+
+def samples_line(spec: TrialSpec, step_time_ms: float) -> str:
+    """Samples per second of a spec with a micro-batch, and how its step is made up
+    (``59.1 (4 a pass x 4 accumulated = 16 a step)``); "" without a micro-batch."""
+    rows = spec.samples_per_step
+    if not rows or step_time_ms <= 0:
+        return ""
+    return (
+        f"{rows * 1e3 / step_time_ms:.1f} ({spec.micro_batch} a pass x {spec.accum_steps} "
+        f"accumulated = {rows} a step)"
+    )
 
 
 def phases_line(phases_s: Mapping[str, float]) -> str:
@@ -126,13 +148,9 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
             else ")"
         ),
     )
-    rows = pin.spec.samples_per_step
-    if rows and measured.step_time_ms > 0:  # a micro-batch of the search's (issue 46)
-        table.add_row(
-            "samples/s",
-            f"{rows * 1e3 / measured.step_time_ms:.1f} ({pin.spec.micro_batch} a pass x "
-            f"{pin.spec.accum_steps} accumulated = {rows} a step)",
-        )
+    samples = samples_line(pin.spec, measured.step_time_ms)
+    if samples:  # a micro-batch of the search's (issue 46)
+        table.add_row("samples/s", samples)
     table.add_row(
         "fits",
         f"worst peak x {1 + pin.margin:.2f} (the margin) "
