@@ -222,3 +222,24 @@ def test_the_good_pin_of_these_cases_loads(tmp_path: Path) -> None:
     path = tmp_path / "pin.json"
     path.write_text(json.dumps(_good_pin()))
     assert load_pinned(path, warn=False, apply_allocator=False).spec.compile_mode == "eager"
+
+
+@pytest.mark.parametrize("listed", [("foreach", "foreach"), ("foreach", "fused")])
+def test_an_optimizer_list_without_as_written_or_with_repeats_is_no_traceback(
+    listed: tuple[str, ...],
+) -> None:
+    # the third probe: --optimizer-impls foreach,fused (or foreach,foreach) crashed in Optuna
+    # ("'as_written' not in ('foreach', 'fused')") when the baseline, as written, was queued
+    import optuna
+
+    from budgettune.search.space import SearchSpace, spec_params, suggest_spec
+    from budgettune.trial.spec import TrialSpec
+
+    space = SearchSpace(optimizer_impls=listed, knapsack_solvers=("dp",))
+    assert space.optimizer_impls == tuple(dict.fromkeys(listed))  # each once, in order
+    baseline = TrialSpec(optimizer_impl="as_written")
+    study = optuna.create_study()
+    study.enqueue_trial(spec_params(baseline, space))
+    trial = study.ask()
+    drawn = suggest_spec(trial, space, TrialSpec())  # as spec_for does for a baseline
+    assert drawn.optimizer_impl in listed

@@ -38,6 +38,14 @@ _SUBSET_PARAM = {"recompute_ops_removed": "remove", "recompute_ops_added": "add"
 """The Optuna param prefix of each candidate of a subset knob (``remove:aten.add``)."""
 
 
+def _once(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` without repeats, in order (an unhashable value, refused by `_check`, kept)."""
+    try:
+        return tuple(dict.fromkeys(values))
+    except TypeError:
+        return values
+
+
 @dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class SearchSpace:
     """What the tuner may vary, and what it must keep fixed.
@@ -77,7 +85,9 @@ class SearchSpace:
                 + ", ".join(_LISTED_BY_PLURAL)
             )
         given = {**(lists or {}), **values}
-        merged = {k.plural: tuple(given.get(k.plural, k.space_default)) for k in LISTED}
+        # each value once, in the order given (a repeat was a second Optuna choice, and a
+        # baseline's value outside the list then a traceback: issue 48)
+        merged = {k.plural: _once(tuple(given.get(k.plural, k.space_default))) for k in LISTED}
         object.__setattr__(self, "budget_low", budget_low)
         object.__setattr__(self, "budget_high", budget_high)
         object.__setattr__(self, "compile_backend", compile_backend)
@@ -310,7 +320,7 @@ def spec_params(spec: TrialSpec, space: SearchSpace) -> dict[str, Any]:
     """The Optuna params that make `suggest_spec` return ``spec`` (for ``enqueue_trial``).
 
     Params of dimensions that are fixed or have one value are left out, as `suggest_spec`
-    does not suggest them.
+    does not suggest them, and so is a value the space does not list.
     """
     params: dict[str, Any] = {}
     for k in LISTED:
@@ -319,7 +329,10 @@ def spec_params(spec: TrialSpec, space: SearchSpace) -> dict[str, Any]:
             prefix = _SUBSET_PARAM.get(k.name, k.plural)
             for op in values:
                 params[f"{prefix}:{op}"] = op in getattr(spec, k.name)
-        elif k.name not in space.fixed and len(values) > 1:
+        elif k.name not in space.fixed and len(values) > 1 and getattr(spec, k.name) in values:
+            # a baseline's value the list leaves out (AdamW as written beside
+            # --optimizer-impls foreach,fused) is no param: Optuna refuses a choice outside
+            # the list (a traceback, issue 48); the trial runs the enqueued spec all the same
             params[k.name] = getattr(spec, k.name)
     if "activation_memory_budget" not in space.fixed and space.budget_low < space.budget_high:
         params["activation_memory_budget"] = spec.activation_memory_budget
