@@ -25,7 +25,7 @@ def test_cpu_lists_read_and_written_as_the_kernel_writes_them() -> None:
     assert format_cpu_list([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
     assert parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
     assert parse_cpu_list(format_cpu_list(range(16, 32))) == set(range(16, 32))
-    for bad in ("", "3-1", "a", "-1"):
+    for bad in ("", "3-1", "a", "-1", "0-999999999", "70000"):  # 10^9 CPUs: 22 GB (issue 48)
         with pytest.raises(ValueError):
             parse_cpu_list(bad)
 

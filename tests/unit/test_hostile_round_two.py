@@ -243,3 +243,22 @@ def test_an_optimizer_list_without_as_written_or_with_repeats_is_no_traceback(
     trial = study.ask()
     drawn = suggest_spec(trial, space, TrialSpec())  # as spec_for does for a baseline
     assert drawn.optimizer_impl in listed
+
+
+@pytest.mark.parametrize(
+    "command", [["show"], ["export", "-o", "x.json"], ["worker", "--study-name", "s"]]
+)
+def test_another_programs_studies_table_is_refused_by_the_readers(
+    tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the third probe: a table named "studies" that is not Optuna's gave three chained
+    # tracebacks in show, export and worker (db upgrade refused it in one line)
+    monkeypatch.chdir(tmp_path)
+    database = tmp_path / "other.db"
+    with sqlite3.connect(database) as conn:
+        conn.execute("create table studies (a, b)")
+    before = database.read_bytes()
+    result = CliRunner().invoke(app, [*command, "--storage-url", f"sqlite:///{database}"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "another program's database (it holds studies" in result.stderr
+    assert database.read_bytes() == before

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 from budgettune.cli.app import stderr
+from budgettune.errors import terminal_safe
 from budgettune.units import format_bytes
 
 
@@ -68,14 +69,14 @@ class SearchProgress:
         verdict = " (does not fit)" if event.fits is False else ""
         line = Text(f"trial {event.number}: {event.result.outcome.value}{verdict} {figures} ")
         line.append(event.spec.describe(), style="dim")
-        if event.result.error:
-            line.append(f" — {event.result.error}")
+        if event.result.error:  # it may echo what the user gave: bounded, inert
+            line.append(f" — {terminal_safe(event.result.error)}")
         self.progress.console.print(line, highlight=False)
         best = f"{event.best_ms:.2f} ms" if event.best_ms is not None else "-"
         self.progress.update(self.task, completed=event.done, best=best)
 
     def notice(self, text: str) -> None:
-        self.progress.console.print(Text(text), highlight=False)
+        self.progress.console.print(Text(terminal_safe(text)), highlight=False)
 
     def phase(self, text: str) -> None:
         if self.task is not None:

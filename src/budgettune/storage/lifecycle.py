@@ -65,13 +65,14 @@ def open_storage(
         with _storage_errors(shown):
             check_connection(engine, full_url)
             tables = _table_names(engine)
+            # readers too: another program's "studies" table crashed Optuna (issue 48)
+            _refuse_foreign(engine, shown)
             if not create and OPTUNA_STUDIES_TABLE not in tables:
                 raise StorageError(
                     f"{shown} holds no studies; run "
                     f"`budgettune search --storage-url {shown}` first"
                 )
             if create:
-                _refuse_foreign(engine, shown)
                 use_wal(engine)
             rdb = _optuna_storage(full_url, heartbeat_interval_s, create=create)
             migrations.check_optuna(rdb, shown)

@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 CPUS_ENV = "BUDGETTUNE_CPUS"
 """The CPU list a budgettune process keeps to (set by the search for its workers and runs)."""
+MAX_CPU = 2**16 - 1
+"""The highest CPU number a CPU list may name (Linux's own limit is 8191 by default): a list of
+``0-999999999`` built a set of 10^9 numbers, 22 GB, until the host's OOM killer came (issue 48)."""
 MIN_CORES_PER_SHARE = 2
 """Fewer cores than this per GPU: no shares (the processes run on every core, as before)."""
 
@@ -52,8 +55,8 @@ def parse_cpu_list(text: str) -> set[int]:
     for part in text.split(","):
         low, _, high = part.strip().partition("-")
         first, last = int(low), int(high or low)
-        if first < 0 or last < first:
-            raise ValueError(f"not a CPU range: {part!r}")
+        if first < 0 or last < first or last > MAX_CPU:
+            raise ValueError(f"not a CPU range of CPUs 0 to {MAX_CPU}: {part[:40]!r}")
         cores.update(range(first, last + 1))
     if not cores:
         raise ValueError("no CPUs")
