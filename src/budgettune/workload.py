@@ -337,17 +337,20 @@ def _check_options(ref: str, fn: Callable[..., Any], options: Mapping[str, Any])
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return
-    accepted = [
-        p.name
-        for p in parameters[1:]
-        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    accepted = [p.name for p in parameters[1:] if p.kind in named]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise WorkloadError(
             f"workload {ref} has no option(s) {', '.join(unknown)}; "
             f"accepted: {', '.join(accepted) or 'none'}"
         )
+    for p in parameters[1:]:  # a flag given a word: "maybe" was a true string (issue 48)
+        flag = p.annotation in (bool, "bool") or isinstance(p.default, bool)
+        if flag and not isinstance(options.get(p.name, False), bool):
+            raise WorkloadError(
+                f"workload {ref}: option {p.name} takes true or false, got {options[p.name]!r:.60}"
+            )
 
 
 def load_workload(
@@ -364,13 +367,10 @@ def load_workload(
         device: the device to build on, passed to the builder.
         options: keyword arguments for the builder (e.g. ``{"batch_size": 8}``).
 
-    Returns:
-        The workload, with ``blocks`` filled in.
-
     Raises:
-        WorkloadError: one line for the terminal when the reference does not resolve, an option
-            is unknown, the import or the builder raised (the full traceback is logged), or the
-            builder returned something other than a `Workload`.
+        WorkloadError: one line when the reference does not resolve, an option is unknown
+            (or a flag's value not true or false), the import or the builder raised (the
+            traceback is logged), or it returned something other than a `Workload`.
     """
     options = dict(options or {})
     parsed = _reference(ref)

@@ -207,6 +207,7 @@ def test_another_programs_database_is_refused_with_nothing_left_beside_it(
         ({"spec": {"block_ac_every": 10**30}}, "block_ac_every must be an integer from 0 to"),
         ({"measured": {"runs": 1, "peak_worst_bytes": -5}}, "peak_worst_bytes is -5"),
         ({"study_name": "s1\n\x1b[2Jinjected"}, "study_name"),
+        ({"spec": {"recompute_ops_added": "aten.mm"}}, "must be a list of op names"),
     ],
 )
 def test_a_pin_field_out_of_its_bounds_is_one_line(
@@ -262,3 +263,37 @@ def test_another_programs_studies_table_is_refused_by_the_readers(
     assert result.exit_code == 2, (result.output, result.exception)
     assert "another program's database (it holds studies" in result.stderr
     assert database.read_bytes() == before
+
+
+@pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite://"])
+def test_an_in_memory_storage_is_refused(url: str) -> None:
+    # the third probe: accepted, the study gone at exit (and once "exited without a result")
+    result = CliRunner().invoke(app, ["search", "--max-mem", "1GB", "--storage-url", url])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {url} is an in-memory database")
+
+
+def test_a_cpu_trial_with_the_profile_estimator_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    # the third probe: the trial process started, then crashed ("needs CUDA"), exit 1
+    result = CliRunner().invoke(
+        app,
+        ["trial", "--runtime-estimator", "profile", "--device", "cpu",
+         "--run-dir", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "needs CUDA" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["maybe", "no", 1])
+def test_a_flag_option_given_anything_but_true_or_false_is_refused(value: object) -> None:
+    # the third probe: -o tie_embeddings=maybe built the model with tied embeddings ("maybe"
+    # is a true string), exit 0
+    import torch
+
+    from budgettune.errors import WorkloadError
+    from budgettune.workload import load_workload
+
+    with pytest.raises(WorkloadError, match="option tie_embeddings takes true or false"):
+        load_workload("builtin:tiny-gpt", torch.device("cpu"), {"tie_embeddings": value})

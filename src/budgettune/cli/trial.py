@@ -19,6 +19,7 @@ from budgettune.cli.app import (
     stdout,
 )
 from budgettune.cli.knob_options import spec_values, trial_parameters, with_options
+from budgettune.errors import UsageError
 from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 from budgettune.trial.trial_run import DEFAULT_COLLECTIVE_TIMEOUT_S
 
@@ -124,6 +125,11 @@ def trial(
         collective_timeout_s=collective_timeout,
     )
     check_device_available(run.device)
+    if spec.is_compiled and spec.runtime_estimator == "profile" and run.device == "cpu":
+        raise UsageError(  # the child refused it after starting (issue 48)
+            "--runtime-estimator profile benchmarks ops on a GPU and needs CUDA; on --device "
+            "cpu use flops"
+        )
     check_ops_exist(
         spec.recompute_ops_removed + spec.recompute_ops_added,
         compiled_offload=spec.compiled_offload,

@@ -378,6 +378,8 @@ class TrialSpec:
         values = dict(data)
         for name in ("recompute_ops_removed", "recompute_ops_added"):
             if name in values:
+                if not isinstance(values[name], (list, tuple)):  # "aten.mm" read as 7 names
+                    raise SpecError(f"{name} must be a list of op names, got {values[name]!r:.60}")
                 values[name] = tuple(values[name])
         return cls(**values)
 
