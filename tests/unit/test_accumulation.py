@@ -127,3 +127,34 @@ def test_the_pin_table_and_the_dashboard_note_give_the_pins_samples_per_second()
     assert said in out.getvalue()
     note = study_note(study_name="s", search={}, points=[], num_failed=0, pin=pin)
     assert f"| samples/s | {said} |" in note
+
+
+def test_passes_and_the_optimizer_step_are_paired_with_their_own_marks() -> None:
+    """The clock is marked between passes and settled once a step (on CUDA: events, one
+    synchronize at the step's end, so the host never waits between passes)."""
+    from types import SimpleNamespace
+
+    from budgettune.trial.accumulation import timed_apart
+
+    now = [0.0]
+    settled: list[float] = []
+
+    class FakeClock:
+        def mark(self) -> float:
+            return now[0]
+
+        def settle(self, last: float) -> None:
+            settled.append(last)
+
+        def ms(self, start: float, end: float) -> float:
+            return end - start
+
+    def advance(by: float):  # noqa: ANN202
+        return lambda: now.__setitem__(0, now[0] + by)
+
+    step = SimpleNamespace(
+        spec=TrialSpec(accum_steps=3), forward_backward=advance(2.0), optimizer_step=advance(5.0)
+    )
+    times, split = timed_apart(step, 2, FakeClock())  # type: ignore[arg-type]
+    assert split == (2.0, 5.0) and times == [11.0, 11.0]
+    assert settled == [11.0, 22.0]  # once a step, at its end

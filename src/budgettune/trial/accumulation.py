@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from budgettune.trial.recompute import PreparedStep
@@ -23,30 +22,54 @@ def batch_rows(batch: Any) -> int:
     return 0
 
 
-Timer = Callable[[Callable[[], object]], float]
-"""Runs a callable and returns its milliseconds (`cpu_timer`, `cuda_timer`)."""
+class Clock(Protocol):
+    """Marks points of a step and reads the milliseconds between them (`CpuClock`,
+    `CudaClock`)."""
+
+    def mark(self) -> Any:
+        """A point in the step's time."""
+
+    def settle(self, last: Any) -> None:
+        """Wait until ``last`` is reached (the device's work done)."""
+
+    def ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two settled marks."""
 
 
-def cpu_timer(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return (time.perf_counter() - start) * 1e3
+class CpuClock:
+    """The host's clock: the step runs as it is called."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def settle(self, last: Any) -> None:
+        pass
+
+    def ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
 
 
-def cuda_timer(run: Callable[[], object]) -> float:
-    import torch
+class CudaClock:
+    """CUDA events on the current stream: the passes are marked as they are queued and the
+    step is synchronized once, at its end, so that timing them apart does not make the host
+    wait between passes (a job's loop does not)."""
 
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    run()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end))
+    def mark(self) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def settle(self, last: Any) -> None:
+        last.synchronize()
+
+    def ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
 
 
 def timed_apart(
-    step: PreparedStep, timed_steps: int, timer: Timer
+    step: PreparedStep, timed_steps: int, clock: Clock
 ) -> tuple[list[float], tuple[float, float]]:
     """The timed steps of an accumulating step, its forward+backward passes and its optimizer
     step timed apart (issue 46): each timed step's time is the accumulation steps x the median
@@ -59,9 +82,15 @@ def timed_apart(
     passes: list[float] = []
     optimizer: list[float] = []
     for _ in range(timed_steps):
+        marks = [clock.mark()]
         for _ in range(step.spec.accum_steps):
-            passes.append(timer(step.forward_backward))
-        optimizer.append(timer(step.optimizer_step))
+            step.forward_backward()
+            marks.append(clock.mark())
+        step.optimizer_step()
+        marks.append(clock.mark())
+        clock.settle(marks[-1])
+        passes += [clock.ms(a, b) for a, b in zip(marks[:-2], marks[1:-1], strict=True)]
+        optimizer.append(clock.ms(marks[-2], marks[-1]))
     split = (statistics.median(passes), statistics.median(optimizer))
     times = [step.spec.accum_steps * split[0] + opt for opt in optimizer]
     return times, split

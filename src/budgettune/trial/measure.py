@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import NonFiniteLossError, SharedGpuError
-from budgettune.trial.accumulation import cpu_timer, cuda_timer, timed_apart
+from budgettune.trial.accumulation import CpuClock, CudaClock, timed_apart
 from budgettune.trial.cpu_memory import profile_cpu_step
 from budgettune.trial.devices import process_used_bytes
 from budgettune.trial.host_window import host_window, start_host_window
@@ -248,7 +248,7 @@ def measure_cpu(
     phase_peaks = {phase: steady + window.phase_peak_bytes[phase] for phase in PHASES}
     peak = steady + window.window_peak_bytes
     if step.spec.accum_steps > 1:
-        times_ms, split = timed_apart(step, spec.timed_steps, cpu_timer)
+        times_ms, split = timed_apart(step, spec.timed_steps, CpuClock())
     else:
         times_ms, split = [], None
         for _ in range(spec.timed_steps):
@@ -354,7 +354,7 @@ def _measure_cuda_window(
 
     with torch.cuda.device(device):  # events record on the current stream of this device
         if step.spec.accum_steps > 1:
-            times_ms, split = timed_apart(step, spec.timed_steps, cuda_timer)
+            times_ms, split = timed_apart(step, spec.timed_steps, CudaClock())
         else:
             times_ms, split = [], None
             for _ in range(spec.timed_steps):
