@@ -46,6 +46,15 @@ def test_the_passes_after_the_first_hold_the_gradients_and_are_timed_apart() -> 
     assert three.grad_norm == pytest.approx(one.grad_norm)
 
 
+def test_tokens_are_counted_for_a_batch_of_token_ids_only() -> None:
+    from budgettune.trial.accumulation import batch_tokens
+
+    ids = torch.zeros(4, 32, dtype=torch.long)
+    assert batch_tokens((ids, ids)) == 128 and batch_rows((ids, ids)) == 4
+    assert batch_tokens({"pixel_values": torch.zeros(4, 3, 8, 8)}) == 0  # images
+    assert batch_tokens(torch.zeros(4, 32)) == 0  # features, not ids
+
+
 def test_the_micro_batch_is_the_builders_batch_size() -> None:
     run = TrialRun(
         spec=TrialSpec(micro_batch=3),
@@ -127,6 +136,11 @@ def test_the_pin_table_and_the_dashboard_note_give_the_pins_samples_per_second()
     assert said in out.getvalue()
     note = study_note(study_name="s", search={}, points=[], num_failed=0, pin=pin)
     assert f"| samples/s | {said} |" in note
+    # a batch of token ids (the fingerprint's first tensor rows x sequence): tokens/s too
+    document["fingerprint"] = {"workload": {"batch": ["int64[4, 100]", "int64[4, 100]"]}}
+    pin = parse_pin(document, source="pin.json").pin
+    note = study_note(study_name="s", search={}, points=[], num_failed=0, pin=pin)
+    assert f"| samples/s | {said}, 6,400 tokens/s |" in note  # 4 x 100 x 4 in 250 ms
 
 
 def test_passes_and_the_optimizer_step_are_paired_with_their_own_marks() -> None:

@@ -63,6 +63,7 @@ class SearchProgress:
             f"{format_bytes(m.peak_bytes(metric))}"
             f"{'' if metric == 'device' else ' ' + metric}, {m.step_time_ms:.1f} ms"
             + (f", {m.samples_per_s:.1f} samples/s" if m.samples_per_s is not None else "")
+            + (f", {m.tokens_per_s:,.0f} tokens/s" if m.tokens_per_s is not None else "")
             if m is not None
             else ""
         )

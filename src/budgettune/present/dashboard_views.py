@@ -221,7 +221,7 @@ def memory_time_figure(
 def _batch_rows(pin: PinDocument) -> list[str]:
     """The pin's micro-batch, accumulation and samples per second (issue 46), when it set a
     micro-batch."""
-    samples = samples_line(pin.spec, pin.measured.step_time_ms)
+    samples = samples_line(pin)
     return [f"| samples/s | {samples} |"] if samples else []
 
 

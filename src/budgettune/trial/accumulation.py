@@ -11,6 +11,19 @@ if TYPE_CHECKING:
     from budgettune.trial.recompute import PreparedStep
 
 
+def batch_tokens(batch: Any) -> int:
+    """Tokens of a language model's batch: the size of its first tensor when that is a
+    rows x sequence tensor of integers (token ids); 0 for any other batch (images, features)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    for leaf in pytree.tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            tokens = leaf.dim() == 2 and not leaf.is_floating_point() and not leaf.is_complex()
+            return int(leaf.numel()) if tokens and leaf.dtype != torch.bool else 0
+    return 0
+
+
 def batch_rows(batch: Any) -> int:
     """Rows of a batch pytree: the leading size of its first tensor (0: none has one)."""
     import torch

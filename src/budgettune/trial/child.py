@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 from budgettune.errors import BudgettuneError, NonFiniteLossError, one_line
 from budgettune.trial import measure, recompute
-from budgettune.trial.accumulation import batch_rows
+from budgettune.trial.accumulation import batch_rows, batch_tokens
 from budgettune.trial.cpu_cores import apply_cpu_share
 from budgettune.trial.distributed import collective_errors, prepare_sharded, process_group
 from budgettune.trial.dropout import active_dropout
@@ -241,9 +241,10 @@ def _measure_in(
         logger.info("step prepared in %.1f s", clock.lap("prepare"))
         alone = None if turns is None else turns.alone
         measurement: Measurement = measure.measure(step, run.spec, clock, alone)
-        rows = batch_rows(workload.batch)
         measurement = dataclasses.replace(
-            measurement, samples_per_step=rows * run.spec.accum_steps
+            measurement,
+            samples_per_step=batch_rows(workload.batch) * run.spec.accum_steps,
+            tokens_per_step=batch_tokens(workload.batch) * run.spec.accum_steps,
         )
         logger.info(
             "measured (first step, compile included: %.1f s; other warm-up steps %.1f s; "

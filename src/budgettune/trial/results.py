@@ -111,6 +111,9 @@ class Measurement:
     """Median optimizer step of an accumulating step (None: timed with its pass)."""
     samples_per_step: int = 0
     """Rows one optimizer step takes: the batch's rows x ``accum_steps`` (0: not known)."""
+    tokens_per_step: int = 0
+    """Tokens one optimizer step takes, for a batch of token ids (rows x sequence) x
+    ``accum_steps`` (0: not a language model's batch)."""
 
     @property
     def samples_per_s(self) -> float | None:
@@ -118,6 +121,13 @@ class Measurement:
         if not self.samples_per_step or self.step_time_ms <= 0:
             return None
         return self.samples_per_step * 1e3 / self.step_time_ms
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second at the median step time (None: not a batch of token ids)."""
+        if not self.tokens_per_step or self.step_time_ms <= 0:
+            return None
+        return self.tokens_per_step * 1e3 / self.step_time_ms
 
     def __post_init__(self) -> None:
         if self.peak_phase not in PHASES:
