@@ -213,6 +213,20 @@ def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> N
     ]
 
 
+def test_the_numerics_reference_is_the_baselines_only_at_its_micro_batch() -> None:
+    """Issue 46: another micro-batch is other data; its first step is no reference."""
+    from budgettune.search.numerics import reference_at
+    from budgettune.storage.user_attrs import TrialRecord
+    from budgettune.trial.spec import TrialSpec
+
+    baseline = TrialRecord(spec=TrialSpec(micro_batch=8, accum_steps=2), loss=2.0, grad_norm=1.0)
+    first = {"loss": 2.0, "grad_norm": 1.0}
+    assert reference_at(baseline, TrialSpec(micro_batch=8, accum_steps=2)) == first
+    assert reference_at(baseline, TrialSpec(micro_batch=8, block_ac_every=1)) == first
+    assert reference_at(baseline, TrialSpec(micro_batch=4, accum_steps=4)) is None
+    assert reference_at(None, TrialSpec()) is None
+
+
 def test_numerics_mismatch_is_flagged_with_dtype_aware_tolerance() -> None:
     reference = {"loss": 2.0, "grad_norm": 1.0}
     assert check_numerics(_ok(5, 1.0, loss=2.0001), reference).outcome is TrialOutcome.OK

@@ -7,14 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from budgettune.errors import UsageError
+from budgettune.trial.knobs import is_int
 from budgettune.trial.spec import TrialSpec
 
 MAX_GLOBAL_BATCH = 1_000_000
 """The most rows one optimizer step may take (``--global-batch``)."""
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def micro_batch_sizes(
@@ -27,7 +24,7 @@ def micro_batch_sizes(
     Raises:
         UsageError: one line saying what to give.
     """
-    if not _count(global_batch) or not 0 <= global_batch <= MAX_GLOBAL_BATCH:
+    if not is_int(global_batch) or not 0 <= global_batch <= MAX_GLOBAL_BATCH:
         raise UsageError(
             f"--global-batch must be an integer from 0 to {MAX_GLOBAL_BATCH}, got "
             f"{global_batch!r:.40}"
@@ -42,7 +39,7 @@ def micro_batch_sizes(
         return sizes
     if sizes == (0,):
         own = options.get("batch_size")
-        if not isinstance(own, int) or isinstance(own, bool) or own <= 0:
+        if not is_int(own) or own <= 0:
             raise UsageError(
                 f"--global-batch {global_batch} needs the micro-batches to try (--micro-batches "
                 "2,4,8) or the workload's batch size (--option batch_size=N)"

@@ -7,9 +7,13 @@ measured trial is compared with the study's budget-1.0 reference; a mismatch is 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from budgettune.trial.results import TrialOutcome, TrialResult
+
+if TYPE_CHECKING:
+    from budgettune.storage.user_attrs import TrialRecord
+    from budgettune.trial.spec import TrialSpec
 
 
 def numerics_tolerance(fingerprint: dict[str, Any] | None) -> float:
@@ -43,3 +47,11 @@ def check_numerics(result: TrialResult, reference: dict[str, float] | None) -> T
                 ),
             )
     return result
+
+
+def reference_at(baseline: TrialRecord | None, spec: TrialSpec) -> dict[str, float] | None:
+    """First-step loss and grad norm of the unconstrained ``baseline``, if it was measured at
+    ``spec``'s micro-batch (another micro-batch is other data: nothing to compare)."""
+    if baseline is None or (baseline.spec and baseline.spec.micro_batch != spec.micro_batch):
+        return None
+    return baseline.first_step()

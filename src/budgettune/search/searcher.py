@@ -34,7 +34,7 @@ from budgettune.pinning import measured_violation_bytes
 from budgettune.search import live_searches
 from budgettune.search.crash_memory import remember_crashes
 from budgettune.search.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
-from budgettune.search.numerics import check_numerics
+from budgettune.search.numerics import check_numerics, reference_at
 from budgettune.search.opening import (
     open_study,
     requeue_unfinished,
@@ -66,6 +66,7 @@ from budgettune.storage.user_attrs import (
     ENQUEUED_SPEC_ATTR,
     ERROR_ATTR,
     WORKER_ATTR,
+    TrialRecord,
     result_attrs,
 )
 from budgettune.trial.cpu_cores import cpu_shares
@@ -148,12 +149,9 @@ class Searcher:
             self.study, trial_timeout_s=self.search.trial_timeout_s, heartbeat_s=self.heartbeat_s
         )
 
-    def reference(self, spec: TrialSpec) -> dict[str, float] | None:
-        """First-step loss and grad norm of the unconstrained baseline, if measured at
-        ``spec``'s micro-batch (another micro-batch is other data)."""
-        found = unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
-        other = found is not None and found.spec and found.spec.micro_batch != spec.micro_batch
-        return None if found is None or other else found.first_step()
+    def unconstrained(self) -> TrialRecord | None:
+        """The unconstrained baseline's record, once it has a first-step loss."""
+        return unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
@@ -189,7 +187,7 @@ class Searcher:
         self.done += 1  # it ran here, even if another process has failed the trial meanwhile
         is_reference = trial.user_attrs.get(BASELINE_ATTR) == UNCONSTRAINED
         if not is_reference:
-            result = check_numerics(result, self.reference(spec))
+            result = check_numerics(result, reference_at(self.unconstrained(), spec))
         self._store(trial.number, "trial", spec, result)
         for key, attr in result_attrs(spec, result).items():
             trial.set_user_attr(key, attr)
@@ -360,11 +358,12 @@ class Searcher:
         and configuration on the same GPU model and torch (`stored_runs`) count."""
         kept = stored_runs(self.store, self.search.study_name, jobs)
         wanted = self.search.reverify_runs if runs is None else runs
+        found = self.unconstrained()  # read once for the whole batch
 
         def finish(index: int, result: TrialResult) -> TrialResult:
             job = jobs[index]
             if job.check:
-                result = check_numerics(result, self.reference(job.spec))
+                result = check_numerics(result, reference_at(found, job.spec))
             self._store(job.number, "reverify", job.spec, result)
             return result
 

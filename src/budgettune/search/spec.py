@@ -20,6 +20,7 @@ from budgettune.search.batch import (
     micro_batch_sizes,
 )
 from budgettune.search.space import SearchSpace
+from budgettune.trial.knobs import is_int
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
@@ -117,7 +118,7 @@ class SearchSpec:
     that of one optimizer step at this batch (0: each trial's own batch, one pass)."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
+        if not is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
             raise UsageError(f"--max-mem must be a positive size, got {self.max_mem_bytes!r}")
         if self.max_mem_bytes < MIN_LIMIT_BYTES:
             raise UsageError(
@@ -144,7 +145,7 @@ class SearchSpec:
             ("--reverify-runs", self.reverify_runs, 1, MAX_REVERIFY_RUNS),
             ("--nproc-per-node", self.nproc_per_node, 1, MAX_WORLD_SIZE),  # as a pin's
         ):
-            if not _is_int(count) or not low <= count <= high:
+            if not is_int(count) or not low <= count <= high:
                 shown = repr(count) if len(repr(count)) <= 40 else f"{repr(count)[:40]}..."
                 raise UsageError(f"{flag} must be an integer from {low} to {high}, got {shown}")
         if not _is_number(self.margin) or not 0.0 <= self.margin < 0.5:
@@ -152,7 +153,7 @@ class SearchSpec:
         check_seconds("--trial-timeout-s", self.trial_timeout_s)
         check_seconds("--collective-timeout-s", self.collective_timeout_s)
         if self.sampler_seed is not None and (
-            not _is_int(self.sampler_seed) or not 0 <= self.sampler_seed <= MAX_SEED
+            not is_int(self.sampler_seed) or not 0 <= self.sampler_seed <= MAX_SEED
         ):
             raise UsageError(
                 f"--sampler-seed must be an integer from 0 to {MAX_SEED}, "
@@ -178,7 +179,7 @@ class SearchSpec:
             check_world(self.device, self.nproc_per_node)
         except SpecError as exc:
             raise UsageError(str(exc)) from None
-        if not _is_int(self.trials_per_gpu) or not 1 <= self.trials_per_gpu <= MAX_TRIALS_PER_GPU:
+        if not is_int(self.trials_per_gpu) or not 1 <= self.trials_per_gpu <= MAX_TRIALS_PER_GPU:
             raise UsageError(
                 f"--trials-per-gpu must be an integer from 1 to {MAX_TRIALS_PER_GPU}, got "
                 f"{self.trials_per_gpu!r}"
@@ -195,7 +196,7 @@ class SearchSpec:
         if host is None:
             host = default_host_limit()
             object.__setattr__(self, "max_host_mem_bytes", host)
-        if not _is_int(host) or not MIN_LIMIT_BYTES <= host <= MAX_LIMIT_BYTES:
+        if not is_int(host) or not MIN_LIMIT_BYTES <= host <= MAX_LIMIT_BYTES:
             raise UsageError(f"--max-host-mem must be a size of at least 1 MiB, got {host!r}")
         object.__setattr__(self, "workload_options", dict(self.workload_options))
 
@@ -347,10 +348,6 @@ def check_study_name(name: object, *, what: str = "--study") -> None:
     """
     if not isinstance(name, str) or not STUDY_NAME_PATTERN.fullmatch(name):
         raise UsageError(f"{what} {name!r} is not a study name: use {STUDY_NAME_RULE}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_seconds(flag: str, seconds: object) -> None:

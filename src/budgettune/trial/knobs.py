@@ -26,7 +26,7 @@ import dataclasses
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeGuard, TypeVar
 
 from budgettune.errors import SpecError
 
@@ -61,6 +61,11 @@ Sampled = Literal["choice", "range", "subset", "study"]
 (a float between ``PLURAL_low`` and ``PLURAL_high``, read ``[low, high]``), ``subset`` (each
 candidate its plural lists in or out), ``study`` (one value for the whole study, not searched;
 the step settings too)."""
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An integer that is not a bool (``True`` is an int to Python, not a count or a size)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _always(spec: Any) -> bool:
@@ -160,11 +165,7 @@ class Knob:
                 allowed = " or ".join(_text(c) for c in self.choices)
                 raise SpecError(f"{self.name} must be {allowed}, got {value!r}")
         elif self.value_type is int:
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 0 <= value <= MAX_KNOB_INT
-            ):
+            if not is_int(value) or not 0 <= value <= MAX_KNOB_INT:
                 raise SpecError(
                     f"{self.name} must be an integer from 0 to {MAX_KNOB_INT}, got {value!r:.40}"
                 )

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from budgettune.errors import SpecError
 from budgettune.trial.allocator import parse_settings
-from budgettune.trial.knobs import Knob, by_name, knob, knobs_of, setting
+from budgettune.trial.knobs import Knob, by_name, is_int, knob, knobs_of, setting
 from budgettune.trial.op_lists import (
     DEFAULT_ADDABLE_OPS_CPU,
     DEFAULT_ADDABLE_OPS_CUDA,
@@ -32,10 +32,6 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 MAX_STEPS = 10_000
 """Bound of a trial's warm-up and timed steps (10^12 ran until killed: issue 48)."""
 """Compile modes that capture CUDA graphs (their memory pool is overwritten at each replay)."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _compiled(spec: TrialSpec) -> bool:
@@ -266,13 +262,13 @@ class TrialSpec:
         overlap = set(self.recompute_ops_removed) & set(self.recompute_ops_added)
         if overlap:
             raise SpecError(f"ops both removed and added: {', '.join(sorted(overlap))}")
-        if _is_int(self.warmup_steps) and not 1 <= self.warmup_steps <= MAX_STEPS:
+        if is_int(self.warmup_steps) and not 1 <= self.warmup_steps <= MAX_STEPS:
             raise SpecError(
                 f"warmup_steps must be from 1 (compilation happens there) to {MAX_STEPS}"
             )
-        if _is_int(self.timed_steps) and not 1 <= self.timed_steps <= MAX_STEPS:
+        if is_int(self.timed_steps) and not 1 <= self.timed_steps <= MAX_STEPS:
             raise SpecError(f"timed_steps must be from 1 to {MAX_STEPS}")
-        if _is_int(self.accum_steps) and not 1 <= self.accum_steps <= MAX_STEPS:
+        if is_int(self.accum_steps) and not 1 <= self.accum_steps <= MAX_STEPS:
             raise SpecError(f"accum_steps must be from 1 to {MAX_STEPS}")
         for k in KNOBS:
             if k.value_type is not float and k.value_type is not tuple:
