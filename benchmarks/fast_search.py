@@ -2,7 +2,8 @@
 and the phase table of a kept study (before and after).
 
     python -m benchmarks.fast_search check --out check.json
-    python -m benchmarks.fast_search versus --pins a.json b.json --rounds 3 --out h2h.jsonl
+    python -m benchmarks.fast_search versus --pins a.json b.json --rounds 3 --out h2h.jsonl \
+        [--finder sqlite:///batch.db STUDY]
     python -m benchmarks.fast_search phases --storage sqlite:///x.db [--study NAME]
 
 ``check``: a trial server starts on the GPU host without touching CUDA and forks a CUDA trial
@@ -10,7 +11,9 @@ and the phase table of a kept study (before and after).
 a trial on a shared GPU needs), and torch's compile callbacks name their triggers.
 ``versus``: each pin's configuration measured in fresh processes, the pins in turn, round after
 round on one GPU (compile caches warm after the first round, as a search's re-measurements
-are); the median of each.
+are); the median of each. ``--finder STORAGE STUDY`` adds a batch search's batch finder point
+(the largest micro-batch that fit at budget 1.0, as given; issue 46) in the first pin's
+workload; each row has the samples per second beside the step time.
 ``phases``: `budgettune show --phases` for a kept database (an older revision is read through
 an upgraded copy).
 """
@@ -18,6 +21,7 @@ an upgraded copy).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -80,39 +84,90 @@ def check(out: Path, runs_dir: Path) -> int:
     return 0 if ok else 1
 
 
-def versus(pins: Sequence[Path], *, rounds: int, out: Path, runs_dir: Path) -> int:
-    """The pins head to head (see the module's docstring); one JSON line per measurement."""
+def finder_point(url: str, study: str) -> tuple[Any, Any]:
+    """What a batch finder returns, read from a batch search's study (issue 46): of its trials at
+    budget 1.0 as given (``batch-none-M``, and the unconstrained baseline at the given
+    micro-batch), the one of the largest micro-batch that fit. Returns ``(spec, TrialRecord)``.
+
+    Raises:
+        StorageError: no such storage or study; ValueError: no batch-none point fit there.
+    """
+    from benchmarks.common import study_trials
+    from budgettune.search.structured import BATCH_PREFIX
+    from budgettune.storage.trials import UNCONSTRAINED
+    from budgettune.storage.user_attrs import TrialRecord
+
+    records = [TrialRecord.from_attrs(t.user_attrs) for t in study_trials(url, [study])[study]]
+    fitting = [
+        r
+        for r in records
+        if r.baseline is not None
+        and (r.baseline == UNCONSTRAINED or r.baseline.startswith(f"{BATCH_PREFIX}none-"))
+        and r.fits()
+        and r.spec
+    ]
+    if not fitting:
+        raise ValueError(f"study {study}: no batch-none point fits")
+    best = max(fitting, key=lambda r: r.spec.micro_batch or 0)
+    return best.spec, best
+
+
+def versus(
+    pins: Sequence[Path],
+    *,
+    rounds: int,
+    out: Path,
+    runs_dir: Path,
+    finder: tuple[str, str] | None = None,
+) -> int:
+    """The pins head to head (see the module's docstring); one JSON line per measurement.
+    ``finder``: ``(storage, study)`` of a batch search, whose batch finder point
+    (`finder_point`) is measured with them, in the first pin's workload."""
     from budgettune.pinning import load_pinned
     from budgettune.trial.launcher import launch_trial
     from budgettune.trial.servers import TrialServers
     from budgettune.trial.trial_run import TrialRun
 
-    runs = []
+    entries: list[tuple[str, TrialRun]] = []
     for path in pins:
         pin = load_pinned(path, warn=False, apply_allocator=False).pin
-        runs.append(
-            TrialRun(
-                spec=pin.spec,
-                workload=pin.workload,
-                workload_options=pin.workload_options,
-                device="cuda",
-                cache_root=str(runs_dir / "cache"),
+        entries.append(
+            (
+                str(path),
+                TrialRun(
+                    spec=pin.spec,
+                    workload=pin.workload,
+                    workload_options=pin.workload_options,
+                    device="cuda",
+                    cache_root=str(runs_dir / "cache"),
+                ),
             )
         )
-    times: dict[str, list[float]] = {str(p): [] for p in pins}
+    if finder is not None:
+        spec, _ = finder_point(*finder)
+        entries.append((f"finder:{finder[1]}", dataclasses.replace(entries[0][1], spec=spec)))
+    times: dict[str, list[float]] = {name: [] for name, _ in entries}
+    rates: dict[str, list[float]] = {name: [] for name, _ in entries}
     with TrialServers(log_dir=runs_dir / "servers", ready_wait_s=600) as servers, out.open(
         "a"
     ) as lines:
         for round_ in range(rounds):
-            for index, (path, run) in enumerate(zip(pins, runs, strict=True)):
+            for index, (name, run) in enumerate(entries):
                 folder = runs_dir / f"round-{round_}-pin-{index}"
                 result = launch_trial(run, run_dir=folder, timeout_s=900, servers=servers)
                 m = result.measurement
                 row = {
-                    "pin": str(path),
+                    "pin": name,
                     "round": round_,
                     "outcome": result.outcome.value,
+                    "micro_batch": run.spec.micro_batch,
+                    "accum_steps": run.spec.accum_steps,
                     "step_time_ms": None if m is None else m.step_time_ms,
+                    "forward_backward_ms": None if m is None else m.forward_backward_ms,
+                    "optimizer_ms": None if m is None else m.optimizer_ms,
+                    "samples_per_step": None if m is None else m.samples_per_step,
+                    "samples_per_s": None if m is None else m.samples_per_s,
+                    "tokens_per_s": None if m is None else m.tokens_per_s,
                     "peak_device_bytes": None if m is None else m.peak_device_bytes,
                     "device": result.device_name,
                     "torch_version": result.torch_version,
@@ -120,16 +175,20 @@ def versus(pins: Sequence[Path], *, rounds: int, out: Path, runs_dir: Path) -> i
                 lines.write(json.dumps(row) + "\n")
                 lines.flush()
                 if m is not None:
-                    times[str(path)].append(m.step_time_ms)
+                    times[name].append(m.step_time_ms)
+                    if m.samples_per_s:
+                        rates[name].append(m.samples_per_s)
                 print(json.dumps(row), flush=True)
-    first = statistics.median(times[str(pins[0])]) if times[str(pins[0])] else None
-    for path, measured in times.items():
+    first_name = entries[0][0]
+    first = statistics.median(times[first_name]) if times[first_name] else None
+    for name, measured in times.items():
         if not measured:
-            print(f"{path}: nothing measured")
+            print(f"{name}: nothing measured")
             continue
         median = statistics.median(measured)
         vs = "" if first is None else f" ({(median / first - 1) * 100:+.1f} % vs the first)"
-        print(f"{path}: median {median:.2f} ms of {len(measured)}{vs}")
+        rate = f", {statistics.median(rates[name]):.1f} samples/s" if rates[name] else ""
+        print(f"{name}: median {median:.2f} ms of {len(measured)}{vs}{rate}")
     return 0
 
 
@@ -160,6 +219,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_versus.add_argument("--rounds", type=int, default=3)
     p_versus.add_argument("--out", type=Path, required=True)
     p_versus.add_argument("--runs-dir", type=Path, default=Path("/tmp/bt-versus"))
+    p_versus.add_argument(
+        "--finder",
+        nargs=2,
+        metavar=("STORAGE", "STUDY"),
+        default=None,
+        help="also measure a batch search's batch finder point (issue 46)",
+    )
     p_phases = sub.add_parser("phases")
     p_phases.add_argument("--storage", required=True)
     p_phases.add_argument("--study", default=None)
@@ -167,7 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         return check(args.out, args.runs_dir)
     if args.command == "versus":
-        return versus(args.pins, rounds=args.rounds, out=args.out, runs_dir=args.runs_dir)
+        return versus(
+            args.pins,
+            rounds=args.rounds,
+            out=args.out,
+            runs_dir=args.runs_dir,
+            finder=args.finder,
+        )
     return phases(args.storage, args.study)
 
 

@@ -25,6 +25,15 @@
 #                  (benchmarks.fast_search versus); vs-gpt2m-run2: run 2's committed pin
 #                  (h200-fast-search-2026-11-28/run2) against it
 #   job-l1, job-gpt2m, job-gpt2m-run2   benchmarks/pin_in_job.py on that pin, cold caches
+#   b46-llama, b46-llama32k   issue 46 on the task's GPU: the built-in Llama (Llama-3.2-1B's
+#                  shape, 128256-token vocabulary, 8 x 1024 rows as built) or the same with a
+#                  32000-token vocabulary and 4 x 512 rows, global batch 32: budget 1.0 trials
+#                  (as given) at the workload's batch and at half of it, accumulating to 32; the
+#                  limit halfway between their device peaks (so the workload's own batch does
+#                  not fit at budget 1.0 and half of it does); studies/llama-1b.toml searched at
+#                  that limit over micro-batches 1..32 (16 trials), then at the workload's own
+#                  batch alone (12 trials: issue 46's "b"); the two pins and the batch finder's
+#                  point head to head (2 rounds), and the batch pin in a cold job
 #   numerics       issue 45's GPU checks: tiny GPT-2 with dropout 0.1 and a tiny Mixtral
 #                  under budget 1.0, full and op block AC (inductor): loss and grad norm
 # A search's study is named STEP-NgpuS (its pin STEP-Ngpu-pin.json). Like wall_gpu.sh: the
@@ -127,6 +136,54 @@ numerics() {
     trial_json mixtral-full "${moe[@]}" --block-ac-every 1 --block-ac-policy full
     trial_json mixtral-op "${moe[@]}" --block-ac-every 1 --block-ac-policy op
 }
+batch_case() {  # $1: llama or llama32k (issue 46)
+    local name=$1 global=32 opts own micro
+    case $name in
+        llama) opts=(-o batch_size=8); own=8; micro=1,2,4,8,16,32 ;;
+        llama32k) opts=(-o batch_size=4 -o seq_len=512 -o vocab_size=32000); own=4; micro=1,2,4,8,16,32 ;;
+    esac
+    local dir=$state/out/b46-$name runs=$state/runs-b46-$name b
+    mkdir -p "$dir"
+    echo "== b46-$name: probes, $(date -u +%FT%TZ)"
+    for b in $own $((own / 2)); do
+        python3 -m budgettune.cli trial -w builtin:llama "${opts[@]}" --device cuda \
+            --micro-batch "$b" --accum-steps $((global / b)) --json --run-dir "$runs/probe-$b" \
+            > "$dir/probe-$b.json" 2> "$dir/probe-$b.err"
+        echo "probe $b: exit $?"
+    done
+    local limit
+    limit=$(python3 - "$dir" "$own" <<'PY'
+import json, sys
+peak = lambda b: json.load(open(f"{sys.argv[1]}/probe-{b}.json"))["measurement"]["peak_device_bytes"]
+own = int(sys.argv[2])
+print(f"{(peak(own) + peak(own // 2)) / 2 / 1e9:.3f}GB")
+PY
+)
+    echo "limit $limit (device, halfway between budget 1.0 at $own and $((own / 2)))" | tee "$dir/limit.txt"
+    [ -n "$limit" ] || return
+    local kind
+    for kind in batch own; do
+        local sizes=$micro trials=16 start
+        [ "$kind" = own ] && sizes=$own trials=12
+        echo "== b46-$name $kind search, $(date -u +%FT%TZ)"
+        start=$(date +%s)
+        python3 -m budgettune.cli search studies/llama-1b.toml "${opts[@]}" --max-mem "$limit" \
+            --global-batch $global --micro-batches "$sizes" --num-trials $trials --seed 0 \
+            --reverify-runs 2 --trials-per-gpu 4 --storage-url "sqlite:///$dir/$kind.db" \
+            --study-name "b46-$name-$kind" --runs-dir "$runs/$kind" --output "$dir/$kind-pin.json" \
+            > "$dir/$kind.txt" 2>&1
+        echo "{\"name\": \"b46-$name-$kind\", \"exit\": $?, \"command_wall_s\": $(( $(date +%s) - start )), \"date\": \"$(date -u +%FT%TZ)\"}" >> "$dir/walls.jsonl"
+        python3 -m budgettune.cli show --storage-url "sqlite:///$dir/$kind.db" --study-name "b46-$name-$kind" > "$dir/$kind-show.txt" 2>&1
+        tail -n 3 "$dir/$kind.txt"
+    done
+    [ -f "$dir/batch-pin.json" ] && [ -f "$dir/own-pin.json" ] || return
+    echo "== b46-$name versus, $(date -u +%FT%TZ)"
+    python3 -m benchmarks.fast_search versus --pins "$dir/batch-pin.json" "$dir/own-pin.json" \
+        --finder "sqlite:///$dir/batch.db" "b46-$name-batch" --rounds 2 --out "$dir/versus.jsonl" \
+        --runs-dir "$runs/versus" > "$dir/versus.txt" 2>&1
+    tail -n 3 "$dir/versus.txt"
+    job "b46-$name" "$dir/batch-pin.json"
+}
 run_step() {
     case $1 in
         probe) python3 -m benchmarks.fork_cuda_probe --out "$state/out/probe.json" \
@@ -144,6 +201,7 @@ run_step() {
         job-gpt2m) job gpt2m "$(newest gpt2m-after)" ;;
         job-gpt2m-run2) job gpt2m-run2 "$run2" ;;
         numerics) numerics ;;
+        b46-llama|b46-llama32k) batch_case "${1#b46-}" ;;
         *) echo "unknown step $1" ;;
     esac
 }
@@ -172,8 +230,11 @@ for db in "$state"/out/*.db; do  # consistent copies of the studies (WAL mode)
 done
 mkdir -p "$state/pack"
 rm -rf "$state/pack"/*
-cp "$state"/out/* "$state/pack/" 2>/dev/null
+cp -r "$state"/out/* "$state/pack/" 2>/dev/null
 for db in "$state"/copy-*.db; do [ -f "$db" ] && cp "$db" "$state/pack/${db#$state/copy-}"; done
+for db in "$state"/out/b46-*/*.db; do  # issue 46's studies, each in its case's folder
+    [ -f "$db" ] && bt_sqlite_copy "$db" "$state/pack/${db#$state/out/}"
+done
 for runs in "$state"/runs-*; do  # every process's log (phases are in the databases)
     [ -d "$runs" ] && tar czf "$state/pack/logs-$(basename "$runs").tgz" -C "$runs" \
         --exclude='compile-cache' --exclude='cold-caches' --exclude='cache' . 2>/dev/null

@@ -6,8 +6,9 @@ reports its peak against the pin's (issue 28).
 
 The job builds the pinned workload as the user's own code would (same reference and options),
 and then, in this order: ``budgettune.load_pinned(pin)``, the model to the GPU,
-``pinned.compile(model)``, ``pinned.optimizer(its optimizer as written)``, and trains. Nothing
-else: the allocator setting, the model changes and the knobs come from those lines alone.
+``pinned.compile(model)``, ``pinned.optimizer(its optimizer as written)``, and trains: a step is
+``pinned.accum_steps`` forward+backward passes of ``pinned.micro_batch`` rows (the builder's
+``batch_size``, where the pin sets one), then the optimizer step. Nothing else: the allocator setting, the model changes and the knobs come from those lines alone.
 ``--order`` says when the pin is loaded: ``pin-first`` (before torch is imported),
 ``torch-first`` (torch imported, CUDA not started: the README's order) or ``late`` (after the
 model is on the GPU: the pin warns that the allocator setting came too late). The third step is
@@ -79,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 "nccl" if on_cuda else "gloo", timeout=datetime.timedelta(seconds=300)
             )
         torch.manual_seed(0)
-        workload = load_workload(pin_doc["workload"], device, pin_doc.get("workload_options"))
+        options = dict(pin_doc.get("workload_options") or {})
+        if pinned.micro_batch is not None:  # the loader's batch: the pin's micro-batch
+            options["batch_size"] = pinned.micro_batch
+        workload = load_workload(pin_doc["workload"], device, options)
         if args.order == "late":
             pinned = budgettune.load_pinned(args.pin)
         model = pinned.compile(workload.model, blocks=workload.blocks)
@@ -87,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         optimizer = pinned.optimizer(make(model.parameters()))
 
     def train_step(grad_norm: bool = False) -> None:
-        if workload.autocast_dtype is not None:
-            with torch.autocast(device_type=device.type, dtype=workload.autocast_dtype):
+        for _ in range(pinned.accum_steps):  # the pin's accumulation, gradients kept
+            if workload.autocast_dtype is not None:
+                with torch.autocast(device_type=device.type, dtype=workload.autocast_dtype):
+                    loss = workload.loss(model, workload.batch)
+            else:
                 loss = workload.loss(model, workload.batch)
-        else:
-            loss = workload.loss(model, workload.batch)
-        loss.backward()
+            (loss / pinned.accum_steps).backward()
         if grad_norm:
             from budgettune.trial.measure import global_grad_norm
 
