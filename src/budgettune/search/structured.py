@@ -346,8 +346,11 @@ def next_batch_point(
 ) -> tuple[str, TrialSpec] | None:
     """The next point of the memory axis in batch (issue 46), what a batch finder returns:
     the largest micro-batch that fits at budget 1.0 (``given``: no block AC), and under full
-    block AC on every block, walked down from the largest. None when both are found (or none
-    fits), or a point of the walk is still running.
+    block AC on every block. Each walk starts at the given micro-batch (the baselines measure
+    it) and goes up while a size fits, down while it does not, as Lightning's
+    ``BatchSizeFinder`` grows and accelerate's ``find_executable_batch_size`` halves: the peak
+    grows with the micro-batch, so a size above one that does not fit is never tried. None
+    when both are found (or none fits), or a point of the walk is still running.
 
     Args:
         points: every trial of the study, finished or not.
@@ -356,14 +359,39 @@ def next_batch_point(
         global_batch: the rows of one optimizer step.
     """
     by_spec = {p.spec: p for p in points}
+    ordered = sorted(sizes)
+    start = given.micro_batch if given.micro_batch in ordered else ordered[-1]
     for name, base in (("none", given), ("full", given.replace(block_ac_every=1))):
-        for size in sorted(sizes, reverse=True):
-            spec = accumulated(base.replace(micro_batch=size), global_batch)
-            point = by_spec.get(spec)
-            if point is None:
-                return f"{BATCH_PREFIX}{name}-{size}", spec
-            if not point.finished:
-                return None  # the walk waits for it
-            if point.fits:
-                break  # the largest that fits under this configuration
+        waiting, step = _batch_walk(by_spec, base, ordered, ordered.index(start), global_batch)
+        if waiting:
+            return None
+        if step is not None:
+            return f"{BATCH_PREFIX}{name}-{step.micro_batch}", step
     return None
+
+
+def _batch_walk(
+    by_spec: Mapping[TrialSpec, Point],
+    base: TrialSpec,
+    ordered: Sequence[int],
+    index: int,
+    global_batch: int,
+) -> tuple[bool, TrialSpec | None]:
+    """The walk of one configuration from ``ordered[index]``: ``(True, None)`` while a point
+    of it runs, else ``(False, the next spec to measure)``, whose spec is None once the walk
+    has found its largest fitting size (or that none fits)."""
+    direction = 0  # +1 going up (the start fit), -1 going down
+    while 0 <= index < len(ordered):
+        spec = accumulated(base.replace(micro_batch=ordered[index]), global_batch)
+        point = by_spec.get(spec)
+        if point is None:
+            return False, spec
+        if not point.finished:
+            return True, None
+        fits = point.fits
+        if direction == 0:
+            direction = 1 if fits else -1
+        elif (direction == 1) != fits:
+            return False, None  # up: the first that does not fit; down: the first that does
+        index += direction
+    return False, None
