@@ -5,7 +5,7 @@
 
 For each study, as its own search spec stored it (with a target of 20 trials, where the edge
 runs), the trials in the order they started, each taken as measured: after each one, the
-(policy, stride) pairs whose budget the edge would lower (`budgettune.search.edge`), or ``-``.
+(policy, stride) pairs whose budget the edge would lower (`budgettune.study.edge`), or ``-``.
 A study whose every line says ``-`` would have run without the edge, as it did: a search
 with the edge measures what it measured (issue 30's "show why the change cannot affect them";
 the trials after the opening are sampled, so a search again is not the same search).
@@ -20,13 +20,13 @@ import optuna
 
 from benchmarks.common import kept_storage, script_main
 from budgettune.errors import BudgettuneError
-from budgettune.search.edge import EDGE_MIN_TRIALS, edge_strides
-from budgettune.search.opening_plan import held, points_of, sampling_space
-from budgettune.search.spec import SearchSpec
-from budgettune.search.structured import by_spec_of
-from budgettune.search.study import as_given
 from budgettune.storage.coordination import database_errors
 from budgettune.storage.user_attrs import SPEC_ATTR
+from budgettune.study.edge import EDGE_MIN_TRIALS, edge_strides
+from budgettune.study.opening_plan import held, points_of, sampling_space
+from budgettune.study.spec import SearchSpec
+from budgettune.study.structured import by_spec_of
+from budgettune.study.study import as_given
 
 
 def replay(study: optuna.Study) -> list[str]:

@@ -93,9 +93,9 @@ def finder_point(url: str, study: str) -> tuple[Any, Any]:
         StorageError: no such storage or study; ValueError: no batch-none point fit there.
     """
     from benchmarks.common import study_trials
-    from budgettune.search.structured import BATCH_PREFIX
     from budgettune.storage.trials import UNCONSTRAINED
     from budgettune.storage.user_attrs import TrialRecord
+    from budgettune.study.structured import BATCH_PREFIX
 
     records = [TrialRecord.from_attrs(t.user_attrs) for t in study_trials(url, [study])[study]]
     fitting = [
@@ -148,9 +148,10 @@ def versus(
         entries.append((f"finder:{finder[1]}", dataclasses.replace(entries[0][1], spec=spec)))
     times: dict[str, list[float]] = {name: [] for name, _ in entries}
     rates: dict[str, list[float]] = {name: [] for name, _ in entries}
-    with TrialServers(log_dir=runs_dir / "servers", ready_wait_s=600) as servers, out.open(
-        "a"
-    ) as lines:
+    with (
+        TrialServers(log_dir=runs_dir / "servers", ready_wait_s=600) as servers,
+        out.open("a") as lines,
+    ):
         for round_ in range(rounds):
             for index, (name, run) in enumerate(entries):
                 folder = runs_dir / f"round-{round_}-pin-{index}"

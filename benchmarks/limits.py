@@ -58,7 +58,7 @@ SEARCHED_AGAIN = {"L1": "open30", "L3": "edge2", "L4": "lean", "L5": "lean"}
 """Limits searched again, in a study of their own (its name and pin file take this suffix; the
 earlier studies stay in the database). The first searches of L4 and L5 (``tuner-L4-m0``,
 ``tuner-L5-m0``) opened without the high-budget point that
-`budgettune.search.study.baseline_specs` now adds and pinned 7.2 % and 2.6 % behind the grid's
+`budgettune.study.study.baseline_specs` now adds and pinned 7.2 % and 2.6 % behind the grid's
 best. L4 was searched a second time with that point as first added (``-hb``: the budget alone,
 fused AdamW being L4's fixed optimizer; 2026-11-26); ``lean`` is the search whose budget-0.8
 point also takes the searched knobs' leanest values (fused AdamW, expandable segments), as
@@ -69,7 +69,7 @@ most: their first searches came within 2 % of the grid best only through sampled
 every block, a structured point the opening measures itself, and L4's and L5's came at their
 2nd-3rd trial, the budget-0.8 point, which it still measures first.
 
-``edge2``: L3 searched again with the memory edge (`budgettune.search.edge.next_edge`): its
+``edge2``: L3 searched again with the memory edge (`budgettune.study.edge.next_edge`): its
 three ``open30`` searches (``tuner-L3-m0-open30``, ``-s1``, ``-s2``, 2026-11-27) pinned
 1.2-3.2 % behind the first search's pin head to head, which lies at that edge.
 ``tuner-L3-m0-edge-s0``, the same day, ran the edge as first written, after the map only:

@@ -92,7 +92,7 @@ search() {  # search LEVEL LIMIT MARGIN: one study per database (two searches wr
     # counts them (its --trials N adds N to what the study holds); none left and a pin: done
     local left=\$(python3 - \$db offload33-\$1 $trials <<'PY'
 import sys, pathlib, optuna
-from budgettune.search.target import study_count
+from budgettune.study.target import study_count
 db, name, trials = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if not pathlib.Path(db).exists() or name not in optuna.get_all_study_names(f"sqlite:///{db}"):
     print(trials)

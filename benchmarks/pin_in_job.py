@@ -6,9 +6,10 @@ reports its peak against the pin's (issue 28).
 
 The job builds the pinned workload as the user's own code would (same reference and options),
 and then, in this order: ``budgettune.load_pinned(pin)``, the model to the GPU,
-``pinned.compile(model)``, ``pinned.optimizer(its optimizer as written)``, and trains: a step is
-``pinned.accum_steps`` forward+backward passes of ``pinned.micro_batch`` rows (the builder's
-``batch_size``, where the pin sets one), then the optimizer step. Nothing else: the allocator setting, the model changes and the knobs come from those lines alone.
+``pinned.compile(model)``, ``pinned.optimizer(its optimizer as written)``, and trains: a step
+is ``pinned.accum_steps`` forward+backward passes of ``pinned.micro_batch`` rows (the
+builder's ``batch_size``, where the pin sets one), then the optimizer step. Nothing else: the
+allocator setting, the model changes and the knobs come from those lines alone.
 ``--order`` says when the pin is loaded: ``pin-first`` (before torch is imported),
 ``torch-first`` (torch imported, CUDA not started: the README's order) or ``late`` (after the
 model is on the GPU: the pin warns that the allocator setting came too late). The third step is

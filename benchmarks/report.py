@@ -1,8 +1,8 @@
 """Render the benchmark JSON-lines results as a markdown table and a figure (never by hand).
 
 python -m benchmarks.report benchmarks/results/llama-h200.jsonl ...      # print the table
-python -m benchmarks.report --readme README.md benchmarks/results/*.jsonl  # rewrite the
-    README section between the "results:begin" and "results:end" markers
+python -m benchmarks.report --readme docs/results.md benchmarks/results/*.jsonl  # rewrite
+    the results page's section between the "results:begin" and "results:end" markers
 python -m benchmarks.report --figure docs/frontier-llama-tied-fp32loss.png --limit limit=18 \
     --pin "search, 6 trials=benchmarks/results/h200-2026-11-22/llama-pin.json" \
     --title "builtin:llama as first defined (tied head, fp32 loss), B=4, AdamW as written; \

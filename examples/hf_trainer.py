@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import Trainer
 
-def make_trainer(output_dir: str, callbacks: list | None = None, steps: int = 3):  # noqa: ANN201
+
+def make_trainer(output_dir: str, callbacks: list[Any] | None = None, steps: int = 3) -> Trainer:
     """A tiny Llama and a synthetic dataset in a CPU `Trainer`."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
@@ -54,10 +58,10 @@ def write(folder: str) -> str:
     from budgettune.integrations.transformers import write_workload
 
     with tempfile.TemporaryDirectory() as output_dir:
-        return write_workload(make_trainer(output_dir), folder)
+        return str(write_workload(make_trainer(output_dir), folder))
 
 
-def train(pin_path: str, output_dir: str, steps: int = 3):  # noqa: ANN201
+def train(pin_path: str, output_dir: str, steps: int = 3) -> Trainer:
     """Train with the pin applied; returns the Trainer."""
     from budgettune.integrations.transformers import PinCallback
 

@@ -10,10 +10,11 @@ would load one with `from_pretrained`); ``PinCallback(..., module="model")`` nam
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from budgettune.integrations.lightning import PinCallback
 
@@ -38,8 +39,8 @@ class TinyLlama(pl.LightningModule):
         self.losses: list[float] = []
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = self.model(input_ids=batch, labels=batch).loss
-        self.losses.append(loss.item())
+        loss: torch.Tensor = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(float(loss.item()))
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -51,7 +52,8 @@ def train(pin_path: str, steps: int = 3) -> tuple[pl.Trainer, TinyLlama]:
     pin = PinCallback(pin_path, module="model")  # first: the allocator setting, before CUDA
     torch.manual_seed(0)
     module = TinyLlama()
-    loader = DataLoader(torch.randint(0, 256, (16, 32)), batch_size=4)
+    rows = cast("Dataset[torch.Tensor]", torch.randint(0, 256, (16, 32)))  # a row a sample
+    loader: DataLoader[torch.Tensor] = DataLoader(rows, batch_size=4)
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=steps,

@@ -28,7 +28,7 @@ def main(pin_path: str, steps: int = 3) -> list[float]:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return float(loss.item())
 
     losses = []
     for step in range(steps):

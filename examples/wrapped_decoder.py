@@ -33,7 +33,8 @@ class Finetuner(nn.Module):
         self.loss_scale = nn.Parameter(torch.ones(()))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.decoder(input_ids=input_ids, labels=labels).loss * self.loss_scale
+        loss: torch.Tensor = self.decoder(input_ids=input_ids, labels=labels).loss
+        return loss * self.loss_scale
 
 
 def _with_lora(decoder: nn.Module, rank: int) -> nn.Module:

@@ -2,45 +2,64 @@
 
 Public API::
 
-    from budgettune import Workload, load_pinned
     import budgettune
-    pinned = budgettune.search(build, max_mem="20GB")   # `budgettune.api.search`
+    pinned = budgettune.search(build, max_mem="20GB")   # the search (`budgettune.api.search`)
+    pinned = budgettune.load_pinned("budgettune-pin.json")   # in the training job
+
+`import budgettune` stays light (no Optuna, no SQLAlchemy: a training job imports it to apply a
+pin); the search's stack is imported the first time ``budgettune.search`` is looked up.
 """
 
 from __future__ import annotations
 
-import types
 from typing import TYPE_CHECKING, Any
 
-import budgettune.search as search
+from budgettune.errors import (
+    BudgettuneError,
+    NoFeasibleConfigError,
+    NothingMeasuredError,
+    PinnedConfigError,
+    StorageError,
+    StudyFileError,
+    UsageError,
+)
 from budgettune.workload import Workload
 
 __version__ = "0.1.0"
-__all__ = ["Workload", "load_pinned", "search", "__version__"]
+__all__ = [
+    "BudgettuneError",
+    "NoFeasibleConfigError",
+    "NothingMeasuredError",
+    "PinnedConfig",
+    "PinnedConfigError",
+    "StorageError",
+    "StudyFileError",
+    "UsageError",
+    "Workload",
+    "__version__",
+    "load_pinned",
+    "search",
+]
 
 if TYPE_CHECKING:
-    from budgettune.pinning import PinnedConfig
+    from budgettune.api import search
+    from budgettune.pinning import PinnedConfig, load_pinned
+else:
 
+    def load_pinned(path: Any, **kwargs: Any) -> PinnedConfig:
+        """Read a pinned config JSON (see `budgettune.pinning.load_pinned`)."""
+        from budgettune.pinning import load_pinned as _load_pinned
 
-def load_pinned(path: Any, **kwargs: Any) -> PinnedConfig:
-    """Read a pinned config JSON (see `budgettune.pinning.load_pinned`)."""
-    from budgettune.pinning import load_pinned as _load_pinned
+        return _load_pinned(path, **kwargs)
 
-    return _load_pinned(path, **kwargs)
+    def __getattr__(name: str) -> Any:
+        # PEP 562: the search and the pin's class, imported when first asked for
+        if name == "search":
+            from budgettune.api import search
 
+            return search
+        if name == "PinnedConfig":
+            from budgettune.pinning import PinnedConfig
 
-class _CallableSearch(types.ModuleType):
-    """``budgettune.search(build, max_mem=...)`` is the public Python API (`budgettune.api`),
-    and ``budgettune.search`` is also the study's package: Python sets a package's attribute
-    to its subpackage on import, so a function of that name here would be replaced the first
-    time anything imports ``budgettune.search.*``. The package is made callable instead (a
-    module's ``__class__`` may be reassigned); its ``__init__`` imports nothing, so a training
-    job's ``import budgettune`` stays free of Optuna and SQLAlchemy."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> PinnedConfig:
-        from budgettune.api import search as _search
-
-        return _search(*args, **kwargs)
-
-
-search.__class__ = _CallableSearch
+            return PinnedConfig
+        raise AttributeError(f"module 'budgettune' has no attribute {name!r}")

@@ -6,11 +6,11 @@
     pinned = budgettune.search(build, max_mem="20GB", num_trials=20, options={"batch_size": 8})
     model = pinned.compile(model)
 
-Every study-file key is a keyword (``num_trials``, ``storage_url``, ``study_name``,
-``margin``, ``space={...}``, ``fix={...}``, ``trial={...}``, ...; the spellings before issue 31,
-``trials``, ``storage``, ``study``, are read too), validated by the same schema as a study
-file (`budgettune.search.study_schema`): an unknown key or a bad value raises `StudyFileError`
-in one line. Failures raise the exceptions the CLI turns into exit codes (`UsageError`,
+Every study-file key is a typed keyword (``num_trials``, ``storage_url``, ``study_name``,
+``margin``, ``space={...}``, ``fix={...}``, ``trial={...}``, ...), so a type checker catches a
+misspelt one; the values are validated by the same schema as a study file
+(`budgettune.study.study_schema`): a bad value raises `StudyFileError` in one line. Failures
+raise the exceptions the CLI turns into exit codes (`UsageError`,
 `NoFeasibleConfigError`, `NothingMeasuredError`, `StorageError`, ...; all `BudgettuneError`).
 Trials run in their own processes, as in the CLI: the builder is passed to them by reference,
 so it must be importable by a fresh Python (a module or a ``.py`` file, not a notebook cell).
@@ -29,20 +29,18 @@ from typing import Any
 
 import optuna
 
-from budgettune.cli.app import default_device, files_read, quiet_background
+from budgettune.cli.app import STORAGE_ENV, default_device, files_read, quiet_background
 from budgettune.cli.progress import SearchProgress
 from budgettune.errors import UsageError
 from budgettune.integrations.trainer_workload import write_workload
 from budgettune.pinning import PinnedConfig, check_pin_output, load_pinned, write_pin
-from budgettune.search.run import run_search
-from budgettune.search.study_file import build_search_spec, merge, read_study_file
-from budgettune.search.study_schema import check_study_values
-from budgettune.search.workers import gpu_groups, group_device
+from budgettune.study.run import run_search
+from budgettune.study.spec import MemMetric, Sampler
+from budgettune.study.study_file import build_search_spec, merge, read_study_file
+from budgettune.study.study_schema import check_study_values
+from budgettune.study.workers import gpu_groups, group_device
 
 Builder = Callable[..., Any]
-
-_NOT_STUDY_KEYS = ("workload", "workload_options", "max_mem")
-"""Study-file keys that `search` takes as its own arguments."""
 
 
 def search(
@@ -56,7 +54,27 @@ def search(
     progress: bool = True,
     workload_dir: str | Path = "budgettune-workload",
     force: bool = False,
-    **settings: Any,
+    num_trials: int | None = None,
+    storage_url: str | None = None,
+    study_name: str | None = None,
+    device: str | None = None,
+    mem_metric: MemMetric | None = None,
+    margin: float | None = None,
+    max_host_mem: str | int | None = None,
+    top_k: int | None = None,
+    reverify_runs: int | None = None,
+    trial_timeout_s: float | None = None,
+    runs_dir: str | Path | None = None,
+    compile_cache: bool | None = None,
+    sampler: Sampler | None = None,
+    sampler_seed: int | None = None,
+    nproc_per_node: int | None = None,
+    collective_timeout_s: float | None = None,
+    global_batch: int | None = None,
+    trials_per_gpu: int | None = None,
+    space: Mapping[str, Any] | None = None,
+    fix: Mapping[str, Any] | None = None,
+    trial: Mapping[str, Any] | None = None,
 ) -> PinnedConfig:
     """Search the recompute knobs under ``max_mem``, re-verify the best, write and return the pin.
 
@@ -81,10 +99,33 @@ def search(
             study's database, its study file, a folder or a special file).
         progress: show the progress bar and one line per trial on stderr (rich; in a notebook
             it renders in the cell's output).
-        **settings: any study-file key (``num_trials``, ``storage_url``, ``study_name``,
-            ``device``, ``mem_metric``, ``margin``, ``top_k``, ``reverify_runs``,
-            ``trial_timeout_s``, ``sampler_seed``, ``nproc_per_node``, ``space``, ``fix``,
-            ``trial``, ...).
+        num_trials: trials to add to the study (its target grows by that many; 0 re-verifies
+            and pins only).
+        storage_url: the study's storage, an SQLAlchemy URL or an SQLite path (default
+            ``./budgettune.db``; ``BUDGETTUNE_STORAGE`` when set).
+        study_name: the study's name (default: made from the workload, device and limit).
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (default: the workload's own).
+        mem_metric: the peak the limit holds: ``device`` (what nvidia-smi shows, the
+            default), ``reserved`` or ``allocated``.
+        margin: a configuration fits when its peak x (1 + margin) is within the limit (0.03).
+        max_host_mem: the host memory offloading trials may use, e.g. ``"64GB"``.
+        top_k: how many of the fastest that fit are re-measured (3).
+        reverify_runs: at most this many rounds of fresh re-measurements (3).
+        trial_timeout_s: seconds before a trial is killed.
+        runs_dir: where trial logs and compile caches go.
+        compile_cache: keep compile caches between trials (True).
+        sampler: Optuna's ``tpe`` (the default) or ``gp`` (needs scipy).
+        sampler_seed: the sampler's seed, for a reproducible search.
+        nproc_per_node: ranks per trial: above 1, every trial is a sharded job (FSDP2).
+        collective_timeout_s: seconds a rank's collective may wait in a sharded trial.
+        global_batch: rows per optimizer step: each trial accumulates ``global_batch /
+            micro_batch`` passes (with ``space={"micro_batches": [...]}`` the micro-batch is
+            searched too).
+        trials_per_gpu: trials run at once on each GPU (their compiles overlap, their
+            measurements take turns).
+        space: the knobs searched, by their plural names: ``{"block_ac_every": [0, 1, 2]}``.
+        fix: knobs held at one value, by their names: ``{"optimizer_impl": "fused"}``.
+        trial: ``warmup_steps``, ``timed_steps``, ``seed`` of every trial.
 
     Returns:
         The pin, loaded as a training job loads it (`budgettune.load_pinned`).
@@ -107,10 +148,33 @@ def search(
             f"budgettune.search: options takes a mapping of builder options, e.g. "
             f"{{'batch_size': 8}}; got {options!r:.80}"
         )
-    taken = sorted(set(settings) & set(_NOT_STUDY_KEYS))
-    if taken:
-        raise UsageError(f"budgettune.search: pass {taken[0]!r} as its own argument")
-    settings = check_study_values("budgettune.search()", settings)  # today's key names
+    if storage_url is None:  # as every command reads it
+        storage_url = os.environ.get(STORAGE_ENV) or None
+    given: dict[str, Any] = {
+        "num_trials": num_trials,
+        "storage_url": storage_url,
+        "study_name": study_name,
+        "device": device,
+        "mem_metric": mem_metric,
+        "margin": margin,
+        "max_host_mem": max_host_mem,
+        "top_k": top_k,
+        "reverify_runs": reverify_runs,
+        "trial_timeout_s": trial_timeout_s,
+        "runs_dir": None if runs_dir is None else str(runs_dir),
+        "compile_cache": compile_cache,
+        "sampler": sampler,
+        "sampler_seed": sampler_seed,
+        "nproc_per_node": nproc_per_node,
+        "collective_timeout_s": collective_timeout_s,
+        "global_batch": global_batch,
+        "trials_per_gpu": trials_per_gpu,
+        "space": None if space is None else dict(space),
+        "fix": None if fix is None else dict(fix),
+        "trial": None if trial is None else dict(trial),
+    }
+    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
+    settings = check_study_values("budgettune.search()", settings)
     output = Path(output)
     read = files_read(settings.get("storage_url"), study_file)
     check_pin_output(output, what="output", force=force, protected=read)  # before any write

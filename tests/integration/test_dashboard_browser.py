@@ -28,8 +28,8 @@ import pytest
 
 from budgettune.present import dashboard
 from budgettune.present.dashboard_views import PLOT_ID
-from budgettune.search.publish import publish_views
 from budgettune.storage import open_storage
+from budgettune.study.publish import publish_views
 from fixtures.dashboard_study import PIN_TRIAL, SampleStudy, make_study
 
 REPO = Path(__file__).resolve().parents[2]

@@ -67,9 +67,9 @@ def test_the_gpu_study_where_nothing_fit_resumes_with_the_offload_point(tmp_path
 
     import optuna
 
-    from budgettune.search.opening_plan import plan_opening
-    from budgettune.search.spec import SearchSpec
     from budgettune.storage.user_attrs import TARGET_ATTR
+    from budgettune.study.opening_plan import plan_opening
+    from budgettune.study.spec import SearchSpec
 
     db = tmp_path / "lo.db"
     shutil.copy(Path(__file__).parents[1] / "data/offload33-lo-12-trials.db", db)

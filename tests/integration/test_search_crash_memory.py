@@ -9,9 +9,9 @@ from typer.testing import CliRunner, Result
 
 from budgettune import storage
 from budgettune.cli import app
-from budgettune.search.searcher import Searcher
-from budgettune.search.study import SearchObserver
-from budgettune.search.study_file import build_search_spec
+from budgettune.study.searcher import Searcher
+from budgettune.study.study import SearchObserver
+from budgettune.study.study_file import build_search_spec
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "faulty_workloads.py"
 runner = CliRunner()

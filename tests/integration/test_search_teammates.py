@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from budgettune import storage
 from budgettune.cli import app
 from budgettune.present.report import study_report
-from budgettune.search.searcher import Searcher
-from budgettune.search.study import SearchObserver
-from budgettune.search.study_file import build_search_spec
+from budgettune.study.searcher import Searcher
+from budgettune.study.study import SearchObserver
+from budgettune.study.study_file import build_search_spec
 from budgettune.trial.cpu_lock import CPU_LOCK_ENV, cpu_trial_lock
 from budgettune.trial.spec import TrialSpec
 
@@ -176,8 +176,8 @@ def test_a_cut_off_reverification_resumes_with_the_runs_it_stored(
     runs from another torch version do not count."""
     import dataclasses
 
-    from budgettune.search import searcher as searcher_mod
-    from budgettune.search.fresh import FreshJob
+    from budgettune.study import searcher as searcher_mod
+    from budgettune.study.fresh import FreshJob
     from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 
     def result(ms: float, torch_version: str = "2.13.0") -> TrialResult:

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from budgettune.cli import app
-from budgettune.search import verify as verify_mod
+from budgettune.study import verify as verify_mod
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 

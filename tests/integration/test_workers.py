@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 from budgettune import storage
 from budgettune.cli import app
 from budgettune.present.dashboard_views import PLOT_ID
-from budgettune.search.searcher import Searcher
-from budgettune.search.study_file import build_search_spec
-from budgettune.search.target import count_trials
 from budgettune.storage.coordination import creation_lock
 from budgettune.storage.user_attrs import SPEC_ATTR, TARGET_ATTR
+from budgettune.study.searcher import Searcher
+from budgettune.study.study_file import build_search_spec
+from budgettune.study.target import count_trials
 
 State = optuna.trial.TrialState
 HEARTBEAT_S = 2

@@ -5,8 +5,8 @@ rows, 78 and 49 GB against a 26 GB limit, after 8 rows had not fit)."""
 
 from __future__ import annotations
 
-from budgettune.search.batch import accumulated
-from budgettune.search.structured import Point, next_batch_point
+from budgettune.study.batch import accumulated
+from budgettune.study.structured import Point, next_batch_point
 from budgettune.trial.spec import TrialSpec
 
 SIZES = (1, 2, 4, 8, 16, 32)

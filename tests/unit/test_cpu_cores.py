@@ -10,8 +10,8 @@ import sys
 import optuna
 import pytest
 
-from budgettune.search.spec import MAX_SEED
-from budgettune.search.study import worker_sampler_seed
+from budgettune.study.spec import MAX_SEED
+from budgettune.study.study import worker_sampler_seed
 from budgettune.trial.cpu_cores import (
     CPUS_ENV,
     apply_cpu_share,
@@ -91,7 +91,7 @@ def test_workers_of_a_seeded_study_draw_apart() -> None:
 def test_a_fresh_run_keeps_to_the_share_of_its_device(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    from budgettune.search import fresh
+    from budgettune.study import fresh
     from budgettune.trial.spec import TrialSpec
     from budgettune.trial.trial_run import TrialRun
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from budgettune.search.crash_memory import error_shape, find_exclusions, narrow
-from budgettune.search.space import SearchSpace
 from budgettune.storage.trials import describe_exclusion
+from budgettune.study.crash_memory import error_shape, find_exclusions, narrow
+from budgettune.study.space import SearchSpace
 
 
 def _attrs(outcome: str, error: str = "", baseline: str | None = None, **spec: Any) -> dict:

@@ -27,8 +27,8 @@ import pytest
 from budgettune.errors import StorageError, StudyNotFoundError, UsageError
 from budgettune.present import dashboard
 from budgettune.present.dashboard_views import PLOT_ID
-from budgettune.search.publish import publish_views
 from budgettune.storage import open_storage
+from budgettune.study.publish import publish_views
 from fixtures.dashboard_study import LIMIT_BYTES, PIN_TRIAL, SampleStudy, make_study
 
 

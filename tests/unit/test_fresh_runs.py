@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from budgettune.search.fresh import FreshJob, run_batch
+from budgettune.study.fresh import FreshJob, run_batch
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun

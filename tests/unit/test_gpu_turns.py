@@ -159,8 +159,8 @@ def test_only_one_rank_cuda_trials_share_a_gpu() -> None:
 
 
 def test_trials_per_gpu_is_a_search_setting_that_shares_the_gpu() -> None:
-    from budgettune.search.space import SearchSpace
-    from budgettune.search.spec import SearchSpec
+    from budgettune.study.space import SearchSpace
+    from budgettune.study.spec import SearchSpec
 
     def search(**values: object) -> SearchSpec:
         return SearchSpec(

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,8 @@ from budgettune.errors import (
     terminal_safe,
 )
 from budgettune.pinning import check_pin_output, load_pinned
-from budgettune.search.verify import VerifyReport
 from budgettune.storage.engine import storage_files
+from budgettune.study.verify import VerifyReport
 from budgettune.trial.results import TrialOutcome, TrialResult
 
 
@@ -136,7 +137,7 @@ def test_verify_exits_3_only_for_what_says_the_pin_no_longer_fits() -> None:
 
 def test_a_study_file_with_a_huge_count_is_one_line(tmp_path: Path) -> None:
     from budgettune.errors import StudyFileError
-    from budgettune.search.study_file import read_study_file
+    from budgettune.study.study_file import read_study_file
 
     study = tmp_path / "a.toml"
     study.write_text(
@@ -208,6 +209,9 @@ def test_another_programs_database_is_refused_with_nothing_left_beside_it(
         ({"measured": {"runs": 1, "peak_worst_bytes": -5}}, "peak_worst_bytes is -5"),
         ({"study_name": "s1\n\x1b[2Jinjected"}, "study_name"),
         ({"spec": {"recompute_ops_added": "aten.mm"}}, "must be a list of op names"),
+        ({"sharding": "fsdp2\n[job]\ninjected = 1"}, "sharding"),  # N7: it was never read
+        ({"sharding": 5}, "sharding"),
+        ({"sharding": "x" * 1001}, "sharding"),
     ],
 )
 def test_a_pin_field_out_of_its_bounds_is_one_line(
@@ -233,7 +237,7 @@ def test_an_optimizer_list_without_as_written_or_with_repeats_is_no_traceback(
     # ("'as_written' not in ('foreach', 'fused')") when the baseline, as written, was queued
     import optuna
 
-    from budgettune.search.space import SearchSpace, spec_params, suggest_spec
+    from budgettune.study.space import SearchSpace, spec_params, suggest_spec
     from budgettune.trial.spec import TrialSpec
 
     space = SearchSpace(optimizer_impls=listed, knapsack_solvers=("dp",))
@@ -297,3 +301,23 @@ def test_a_flag_option_given_anything_but_true_or_false_is_refused(value: object
 
     with pytest.raises(WorkloadError, match="option tie_embeddings takes true or false"):
         load_workload("builtin:tiny-gpt", torch.device("cpu"), {"tie_embeddings": value})
+
+
+@pytest.mark.parametrize("knob", ["block_ac_every", "offload_every"])
+def test_a_stride_past_the_last_block_says_it_reaches_none(knob: str) -> None:
+    """N5: ``--block-ac-every 1000000`` ran as no block AC without a word."""
+    from torch import nn
+
+    from budgettune.trial.recompute import apply_to_blocks
+    from budgettune.trial.spec import TrialSpec
+
+    def two_blocks() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+    model = two_blocks()
+    with pytest.warns(UserWarning, match=rf"{knob}=1000000 reaches no block: the model has 2"):
+        apply_to_blocks(model, TrialSpec(**{knob: 1_000_000}), list(model), "cpu", how="blocks=")
+    model = two_blocks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stride that reaches a block: not a word
+        apply_to_blocks(model, TrialSpec(**{knob: 2}), list(model), "cpu", how="blocks=")

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from budgettune.cli import app
 from budgettune.errors import UsageError
-from budgettune.search.spec import STUDY_NAME_PATTERN, check_study_name
-from budgettune.search.study import default_study_name
+from budgettune.study.spec import STUDY_NAME_PATTERN, check_study_name
+from budgettune.study.study import default_study_name
 from budgettune.trial.spec import TrialSpec
 
 runner = CliRunner()

@@ -20,8 +20,8 @@ import budgettune.trial.recompute as recompute
 from budgettune.pinning import load_pinned
 from budgettune.pinning.document import SCHEMA_VERSION
 from budgettune.present.tables import pin_table
-from budgettune.search.space import SearchSpace, parse_fixed
-from budgettune.search.study_schema import TABLES
+from budgettune.study.space import SearchSpace, parse_fixed
+from budgettune.study.study_schema import TABLES
 from budgettune.trial.allocator import AllocatorApplied
 from budgettune.trial.knobs import Knob
 from budgettune.trial.offload import ActivationOffload
@@ -236,7 +236,7 @@ def test_old_study_keys_and_flags_still_read_as_today_s(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from budgettune.cli import app
-    from budgettune.search.study_file import build_search_spec, read_study_file
+    from budgettune.study.study_file import build_search_spec, read_study_file
 
     old = tmp_path / "old.toml"
     old.write_text(
@@ -267,7 +267,7 @@ def test_old_study_keys_and_flags_still_read_as_today_s(tmp_path: Path) -> None:
 
 
 def test_a_space_stored_before_a_knob_existed_tries_only_its_default() -> None:
-    from budgettune.search.space import LISTED
+    from budgettune.study.space import LISTED
 
     stored = SearchSpace.for_device("cpu").to_json_dict()
     for k in LISTED:
@@ -281,15 +281,15 @@ def test_a_space_stored_before_a_knob_existed_tries_only_its_default() -> None:
             assert values == (() if k.sampled == "subset" else (k.default,))
 
 
-def test_the_readmes_knob_table_lists_every_knob_as_it_is_defined() -> None:
-    """The README's knob table is written by hand: each searched knob has its row, with its
+def test_the_docs_knob_table_lists_every_knob_as_it_is_defined() -> None:
+    """docs/commands.md's knob table is written by hand: each searched knob has its row, with its
     `trial` flag and its list's name in a search as the definition gives them."""
     import re
     from pathlib import Path
 
     from budgettune.trial.spec import KNOB_BY_NAME
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "commands.md").read_text()
     rows = {}
     for line in readme.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]

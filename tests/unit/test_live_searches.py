@@ -1,5 +1,5 @@
 """Issue 48 item 8: searches started at once each add their --num-trials; a queued unconstrained
-baseline is measured by the next search (`budgettune.search.live_searches`)."""
+baseline is measured by the next search (`budgettune.study.live_searches`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import optuna
 import pytest
 
 from budgettune import storage
-from budgettune.search import live_searches
-from budgettune.search.searcher import Searcher
-from budgettune.search.study import SearchObserver
-from budgettune.search.study_file import build_search_spec
 from budgettune.storage.user_attrs import LIVE_ATTR, TARGET_ATTR
+from budgettune.study import live_searches
+from budgettune.study.searcher import Searcher
+from budgettune.study.study import SearchObserver
+from budgettune.study.study_file import build_search_spec
 
 
 def test_a_live_search_target_is_added_to_and_a_dead_one_is_not() -> None:
@@ -105,7 +105,7 @@ def test_two_searches_at_once_add_both_and_a_closed_one_leaves_no_entry(tmp_path
 def test_a_queued_unconstrained_baseline_is_measured_by_the_next_search(tmp_path: Path) -> None:
     # issue 48: Ctrl-C during trial 0 queued its copy behind the two other baselines, and the
     # next `--num-trials 2` pinned with baseline_status "missing"
-    from budgettune.search.opening import requeue
+    from budgettune.study.opening import requeue
 
     url = f"sqlite:///{tmp_path / 'race.db'}"
     _open(url, tmp_path, 3).close()

@@ -22,8 +22,8 @@ from budgettune.errors import SpecError, UsageError
 from budgettune.pinning import Candidate, PinDocument, choose_pin, measured_violation_bytes
 from budgettune.pinning.choose import PinScope, ReferenceTrial, build_pin
 from budgettune.present.tables import pin_table, result_table
-from budgettune.search.study import study_attrs
-from budgettune.search.study_file import build_search_spec
+from budgettune.study.study import study_attrs
+from budgettune.study.study_file import build_search_spec
 from budgettune.trial.offload import ActivationOffload, is_offloaded
 from budgettune.trial.recompute import apply_to_model, prepare
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec

@@ -10,11 +10,11 @@ import optuna
 import pytest
 
 from budgettune import storage as storage_mod
-from budgettune.search.opening import open_study
-from budgettune.search.opening_plan import plan_opening, sampling_space
-from budgettune.search.space import SearchSpace
-from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import SETTLED_ATTR
+from budgettune.study.opening import open_study
+from budgettune.study.opening_plan import plan_opening, sampling_space
+from budgettune.study.space import SearchSpace
+from budgettune.study.spec import SearchSpec
 from budgettune.trial.spec import TrialSpec
 
 MB = 1_000_000

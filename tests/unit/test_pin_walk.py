@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from budgettune.pinning import Candidate, allocator_advice, fits_limit, margin_violation_bytes
-from budgettune.search.pin import MAX_CANDIDATES, margin_advice, reverify_until_one_fits
+from budgettune.study.pin import MAX_CANDIDATES, margin_advice, reverify_until_one_fits
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -147,7 +147,7 @@ def test_a_lone_leader_on_noisy_runs_takes_every_round() -> None:
 
 
 def test_the_noise_is_read_from_the_runs() -> None:
-    from budgettune.search.reverify import MIN_NOISE, contenders, noise_of
+    from budgettune.study.reverify import MIN_NOISE, contenders, noise_of
 
     [a, b] = _candidates(2, {0: 10.0, 1: 10.3})
     # b's fresh run came 5 % off its trial: the runs are that noisy, 10.3 is within 2 x 5 %
@@ -162,7 +162,7 @@ def test_the_noise_is_read_from_the_runs() -> None:
 def test_one_outlier_among_three_runs_is_not_the_noise() -> None:
     # issue 44, 4 x H200: trial 18's runs 68.5, 63.5, 63.5 ms read as 7.9 % noise, and full
     # block AC (63.0 ms) tied with trial 19 (59.2 ms, 6 % faster): the lighter was pinned
-    from budgettune.search.reverify import lightest_of_the_fastest, noise_of
+    from budgettune.study.reverify import lightest_of_the_fastest, noise_of
 
     [ac, fast, other] = [
         Candidate(trial_number=n, spec=TrialSpec(seed=n), step_time_ms=ms, peak_bytes=peak)
@@ -230,7 +230,7 @@ def test_allocator_advice_only_for_a_large_reserve_on_the_binding_metric() -> No
 def test_exit_3_line_names_the_margin_only_for_an_ok_trial_under_the_limit() -> None:
     import optuna
 
-    from budgettune.search.pin import no_feasible_error
+    from budgettune.study.pin import no_feasible_error
 
     def trial(peak: int, outcome: str) -> optuna.trial.FrozenTrial:
         attrs = {"peak_device_bytes": peak, "outcome": outcome, "spec": TrialSpec().to_json_dict()}
@@ -297,8 +297,8 @@ def test_of_two_within_the_noise_the_lighter_is_pinned() -> None:
 def test_fitting_references_are_the_candidates_sharing_their_configuration() -> None:
     import optuna
 
-    from budgettune.search.pin import fitting_references
     from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED, feasible_candidates
+    from budgettune.study.pin import fitting_references
 
     def trial(number: int, spec: TrialSpec, label: str | None, fits: bool) -> object:
         attrs = {
@@ -335,7 +335,7 @@ def test_fitting_references_are_the_candidates_sharing_their_configuration() -> 
 
 
 def test_noisy_fresh_runs_are_said_in_one_line() -> None:
-    from budgettune.search.pin import noise_notice, noise_of
+    from budgettune.study.pin import noise_notice, noise_of
 
     candidates = _candidates(2)
     quiet = {0: [_result(90, 10.1)], 1: [_result(90, 11.05)]}
@@ -364,7 +364,7 @@ def test_with_slots_to_spare_the_rounds_go_out_together_each_with_a_cold_start()
 
 
 def test_report_references_join_the_first_round_whose_slots_hold_them() -> None:
-    from budgettune.search.fresh import FreshJob
+    from budgettune.study.fresh import FreshJob
 
     # the unconstrained baseline over the limit (trial 9) is re-measured for the report only:
     # 2 candidates + it, 3 runs each, fit 9 slots at once; 8 slots do not

@@ -117,10 +117,10 @@ def _timed(ms: float):
 
 def test_pin_slowdown_uses_the_re_measured_baseline_median() -> None:
     from budgettune.pinning import Candidate, build_pin
-    from budgettune.search.pin import pin_scope, reference_trial
-    from budgettune.search.space import SearchSpace
-    from budgettune.search.spec import SearchSpec
     from budgettune.storage.user_attrs import TrialRecord
+    from budgettune.study.pin import pin_scope, reference_trial
+    from budgettune.study.space import SearchSpace
+    from budgettune.study.spec import SearchSpec
 
     search = SearchSpec(
         workload="builtin:tiny-gpt",

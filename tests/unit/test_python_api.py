@@ -56,10 +56,8 @@ def test_builders_a_fresh_process_cannot_import_are_refused_in_one_line() -> Non
 def test_bad_keys_and_values_are_one_line_errors_and_nothing_is_written(tmp_path: Path) -> None:
     out = tmp_path / "pin.json"
     for settings, says in (
-        ({"trails": 3}, "unknown key 'trails'"),
-        ({"trials": -1}, "trials must be"),
+        ({"num_trials": -1}, "num_trials must be"),
         ({"space": {"ac_every": "1"}}, "space.ac_every must be"),
-        ({"workload": "builtin:tiny-gpt"}, "pass 'workload' as its own argument"),
         ({"gpus": [0], "device": "cpu"}, "gpus runs on GPUs; drop device='cpu'"),
     ):
         with pytest.raises((StudyFileError, UsageError)) as err:
@@ -71,13 +69,24 @@ def test_bad_keys_and_values_are_one_line_errors_and_nothing_is_written(tmp_path
     ].split(os.pathsep)
 
 
-def test_search_is_the_package_and_the_function_and_import_stays_light() -> None:
-    import budgettune.search.run  # Python sets budgettune.search to the package on import
+def test_search_is_a_typed_function_and_import_stays_light(tmp_path: Path) -> None:
+    """Issue 47: a plain function (its signature, its docstring), not a package made callable;
+    a misspelt keyword is Python's own TypeError naming it (and a type checker's error)."""
+    import inspect
 
-    assert callable(budgettune.search) and budgettune.search.run.run_search
+    from budgettune.api import search
+
+    assert budgettune.search is search and inspect.isfunction(budgettune.search)
+    parameters = inspect.signature(budgettune.search).parameters
+    assert {"num_trials", "storage_url", "study_name", "space", "global_batch"} <= set(parameters)
+    assert not any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    assert "max_mem" in (budgettune.search.__doc__ or "")
+    with pytest.raises(TypeError, match="trails"):
+        budgettune.search("builtin:tiny-gpt", "1GB", trails=3)  # type: ignore[call-arg]
+    assert list(tmp_path.iterdir()) == []
     code = (
-        "import sys, budgettune; "
-        "print(callable(budgettune.search), 'optuna' in sys.modules, 'sqlalchemy' in sys.modules)"
+        "import sys, budgettune; light = 'optuna' not in sys.modules and "
+        "'sqlalchemy' not in sys.modules; print(light, callable(budgettune.search))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "False", "False"]
+    assert out.stdout.split() == ["True", "True"]

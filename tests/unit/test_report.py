@@ -66,10 +66,10 @@ def test_readme_section_is_rewritten_between_markers(tmp_path: Path) -> None:
         report.rewrite_readme(tmp_path / "bare.md", "x")
 
 
-def test_committed_readme_table_matches_the_results_files() -> None:
+def test_committed_results_page_matches_the_results_files() -> None:
     report = _report()
     body = report.results_section(report.read_records([ROOT / f for f in report.README_FILES]))
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "results.md").read_text()
     assert f"{report.BEGIN}\n{body}\n{report.END}" in readme
 
 

@@ -14,11 +14,11 @@ from storage_samples import ok_result
 
 from budgettune import storage
 from budgettune.errors import TrialInfrastructureError
-from budgettune.search import searcher as searcher_module
-from budgettune.search.searcher import Searcher
-from budgettune.search.study_file import build_search_spec
 from budgettune.storage.trials import BASELINE_ATTR, EXCLUDED_ATTR, FULL_AC, UNCONSTRAINED
 from budgettune.storage.user_attrs import RETRY_HISTORY_ATTR
+from budgettune.study import searcher as searcher_module
+from budgettune.study.searcher import Searcher
+from budgettune.study.study_file import build_search_spec
 from budgettune.trial.processes import Terminated, interrupts_kept, sigterm_raises
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialSpec

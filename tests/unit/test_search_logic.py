@@ -8,17 +8,17 @@ import pytest
 from budgettune.errors import StudyFileError, UsageError
 from budgettune.pinning import Candidate, choose_pin, parse_pin, phase_advice
 from budgettune.present.report import TrialRow, pareto_front
-from budgettune.search.numerics import check_numerics, numerics_tolerance
-from budgettune.search.space import (
+from budgettune.study.numerics import check_numerics, numerics_tolerance
+from budgettune.study.space import (
     OP_LIST_MIN_BUDGET,
     SearchSpace,
     parse_fixed,
     spec_params,
     suggest_spec,
 )
-from budgettune.search.spec import SearchSpec
-from budgettune.search.study import baseline_specs, default_study_name, high_budget_retry
-from budgettune.search.study_file import build_search_spec, merge, read_study_file
+from budgettune.study.spec import SearchSpec
+from budgettune.study.study import baseline_specs, default_study_name, high_budget_retry
+from budgettune.study.study_file import build_search_spec, merge, read_study_file
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -99,7 +99,7 @@ def test_a_choice_narrowed_by_a_crash_is_still_drawn_in_the_same_study(tmp_path)
     """Optuna refuses a categorical param whose choices change within a study; a policy
     excluded after crashes (as op_offload on torch 2.11, H100 2026-11-26) must not fail every
     later trial that draws the policy."""
-    from budgettune.search.crash_memory import narrow
+    from budgettune.study.crash_memory import narrow
 
     space = SearchSpace.for_device(
         "cpu", block_ac_every=(1, 2), block_ac_policies=("full", "op", "op_offload")
@@ -215,8 +215,8 @@ def test_baselines_are_unconstrained_full_ac_half_budget_then_high_budget() -> N
 
 def test_the_numerics_reference_is_the_baselines_only_at_its_micro_batch() -> None:
     """Issue 46: another micro-batch is other data; its first step is no reference."""
-    from budgettune.search.numerics import reference_at
     from budgettune.storage.user_attrs import TrialRecord
+    from budgettune.study.numerics import reference_at
     from budgettune.trial.spec import TrialSpec
 
     baseline = TrialRecord(spec=TrialSpec(micro_batch=8, accum_steps=2), loss=2.0, grad_norm=1.0)
@@ -383,7 +383,7 @@ def test_the_progress_line_shows_the_peak_the_limit_is_on(metric, shown, hidden)
 
     from budgettune.cli.app import stderr
     from budgettune.cli.progress import SearchProgress
-    from budgettune.search.study import TrialEvent
+    from budgettune.study.study import TrialEvent
 
     event = TrialEvent(
         number=2, done=1, total=6, spec=TrialSpec(activation_memory_budget=0.5),
@@ -410,7 +410,7 @@ def test_in_a_notebook_without_ipywidgets_the_bar_is_left_out_and_trial_lines_st
     from storage_samples import ok_result
 
     from budgettune.cli import progress as progress_module
-    from budgettune.search.study import TrialEvent
+    from budgettune.study.study import TrialEvent
 
     real_find_spec = importlib.util.find_spec
 
@@ -442,7 +442,7 @@ def test_the_sampler_is_a_study_key_and_a_gp_draws_within_the_constraint(tmp_pat
     """``sampler = "gp"`` (or ``--sampler gp``) gives Optuna's GPSampler with the limit as its
     constraint; it draws the same space as TPE, a conditional choice (the block-AC policy)
     at random; an unknown sampler is one line naming the choices."""
-    from budgettune.search.study import constraints_of, make_sampler
+    from budgettune.study.study import constraints_of, make_sampler
 
     path = tmp_path / "s.toml"
     path.write_text('workload = "builtin:tiny-gpt"\nmax_mem = "1GB"\nsampler = "gp"\n')

@@ -86,7 +86,7 @@ def test_a_gpu_group_lists_one_gpu_per_rank() -> None:
 
 
 def test_gpu_groups_and_worker_commands() -> None:
-    from budgettune.search.workers import gpu_groups, worker_command
+    from budgettune.study.workers import gpu_groups, worker_command
 
     assert gpu_groups([0, 1, 2, 3], 2) == [(0, 1), (2, 3)]
     assert gpu_groups([4, 5], 1) == [(4,), (5,)]
@@ -97,8 +97,8 @@ def test_gpu_groups_and_worker_commands() -> None:
 
 
 def test_study_file_and_baselines_of_a_sharded_study(tmp_path: Path) -> None:
-    from budgettune.search.study import baseline_specs, study_attrs
-    from budgettune.search.study_file import build_search_spec, read_study_file
+    from budgettune.study.study import baseline_specs, study_attrs
+    from budgettune.study.study_file import build_search_spec, read_study_file
 
     root = Path(__file__).resolve().parents[2]
     values = read_study_file(root / "studies" / "llama-2xh200-sharded.toml")
@@ -114,9 +114,9 @@ def test_study_file_and_baselines_of_a_sharded_study(tmp_path: Path) -> None:
 
 def test_pin_records_world_size_split_and_op_sac() -> None:
     from budgettune.pinning import Candidate, build_pin
-    from budgettune.search.pin import pin_scope, reference_trial
-    from budgettune.search.space import SearchSpace
-    from budgettune.search.spec import SearchSpec
+    from budgettune.study.pin import pin_scope, reference_trial
+    from budgettune.study.space import SearchSpace
+    from budgettune.study.spec import SearchSpec
 
     search = SearchSpec(
         workload="builtin:llama",

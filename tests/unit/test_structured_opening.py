@@ -7,10 +7,12 @@ from pathlib import Path
 
 import optuna
 
-from budgettune.search.edge import EDGE_MIN_TRIALS, next_edge
-from budgettune.search.space import SearchSpace
-from budgettune.search.spec import SearchSpec
-from budgettune.search.structured import (
+from budgettune.storage.trials import record_of
+from budgettune.storage.user_attrs import TARGET_ATTR
+from budgettune.study.edge import EDGE_MIN_TRIALS, next_edge
+from budgettune.study.space import SearchSpace
+from budgettune.study.spec import SearchSpec
+from budgettune.study.structured import (
     MAX_FLIPS,
     Point,
     next_flip,
@@ -21,8 +23,6 @@ from budgettune.search.structured import (
     structured_spec,
     wants_structured_opening,
 )
-from budgettune.storage.trials import record_of
-from budgettune.storage.user_attrs import TARGET_ATTR
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
 GB = 1_000_000_000

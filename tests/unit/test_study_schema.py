@@ -17,8 +17,8 @@ import typer
 from click.testing import CliRunner
 
 from budgettune.cli import app
-from budgettune.search.study_file import read_study_file
-from budgettune.search.study_schema import TABLES
+from budgettune.study.study_file import read_study_file
+from budgettune.study.study_schema import TABLES
 
 # The click command built once, run with click's own runner: typer's runner rebuilds it on
 # every call (~0.1 s, ten times what a refused search takes), and the fuzz makes hundreds.
@@ -283,9 +283,9 @@ def test_a_search_setting_has_one_name_in_the_study_file_the_flags_and_search_sp
     import typer.main
 
     from budgettune.cli import app
-    from budgettune.search import study_file
-    from budgettune.search.spec import SearchSpec
-    from budgettune.search.study_schema import StudyTable
+    from budgettune.study import study_file
+    from budgettune.study.spec import SearchSpec
+    from budgettune.study.study_schema import StudyTable
 
     spec_fields = {f.name for f in dataclasses.fields(SearchSpec)}
     keys = set(StudyTable.model_fields)

@@ -15,10 +15,10 @@ import pytest
 from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
 from budgettune.present.dashboard_views import trial_points
 from budgettune.present.report import study_report
-from budgettune.search.crash_memory import find_exclusions
-from budgettune.search.pin import no_feasible_error, nothing_measured_error
 from budgettune.storage import open_storage
 from budgettune.storage.trials import BASELINE_ATTR, UNCONSTRAINED, trial_outcome
+from budgettune.study.crash_memory import find_exclusions
+from budgettune.study.pin import no_feasible_error, nothing_measured_error
 from budgettune.trial.ranks import merge_rank_results
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec

@@ -9,10 +9,10 @@ import optuna
 import pytest
 
 from budgettune.errors import DeviceUnavailableError, UsageError
-from budgettune.search import workers
-from budgettune.search.space import SearchSpace
-from budgettune.search.spec import SearchSpec
-from budgettune.search.target import NextStep, count_trials
+from budgettune.study import workers
+from budgettune.study.space import SearchSpace
+from budgettune.study.spec import SearchSpec
+from budgettune.study.target import NextStep, count_trials
 from budgettune.trial.spec import TrialSpec
 
 State = optuna.trial.TrialState
@@ -91,8 +91,8 @@ def test_queued_baselines_past_the_target_wait_for_the_next_search() -> None:
 def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_path) -> None:
     """--trials-per-gpu 2 on GPUs 0 and 1: two workers on each, one log each, each worker
     its own sampler stream and its GPU's share of the cores."""
-    from budgettune.search.study import SAMPLER_STREAM_ENV, SearchObserver
-    from budgettune.search.target import TrialCount
+    from budgettune.study.study import SAMPLER_STREAM_ENV, SearchObserver
+    from budgettune.study.target import TrialCount
     from budgettune.trial.cpu_cores import CPUS_ENV
 
     started: list[list[str]] = []

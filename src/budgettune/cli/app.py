@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from budgettune.errors import BudgettuneError, UsageError, terminal_safe
-from budgettune.search.spec import DEFAULT_RUNS_DIR
+from budgettune.study.spec import DEFAULT_RUNS_DIR
 from budgettune.trial.processes import Terminated, sigterm_raises
 
 EXIT_CODES_HELP = (

@@ -88,10 +88,10 @@ def search(
     """
     from budgettune.pinning import check_pin_output, write_pin
     from budgettune.pinning.output import STDOUT
-    from budgettune.search.run import run_search
-    from budgettune.search.space import parse_fixed
-    from budgettune.search.spec import DEFAULT_WORKLOAD
-    from budgettune.search.study_file import build_search_spec, merge, read_study_file
+    from budgettune.study.run import run_search
+    from budgettune.study.space import parse_fixed
+    from budgettune.study.spec import DEFAULT_WORKLOAD
+    from budgettune.study.study_file import build_search_spec, merge, read_study_file
 
     flags = study_flags(study or {})
     read = files_read(flags.get("storage_url"), study_file)
@@ -104,7 +104,7 @@ def search(
         device = flags["device"]
         if device is not None and not device.startswith("cuda"):
             raise UsageError(f"--gpus runs on GPUs; drop --device {device}")
-        from budgettune.search.workers import gpu_groups, group_device
+        from budgettune.study.workers import gpu_groups, group_device
 
         ranks = flags["nproc_per_node"]
         ranks = file_values.get("nproc_per_node", 1) if ranks is None else ranks
@@ -180,7 +180,7 @@ def worker(
     failed by heartbeat and re-run once by another worker; one stopped by Ctrl-C or SIGTERM
     queues its trial again itself.
     """
-    from budgettune.search.workers import WorkerJob, run_worker
+    from budgettune.study.workers import WorkerJob, run_worker
 
     job = WorkerJob(
         study_name=study,

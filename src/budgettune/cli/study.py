@@ -20,7 +20,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
-from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
+from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 
 
 @app.command()
@@ -203,7 +203,7 @@ def verify(
     which workload code it will import (the pin names it: check a pin you were handed), and
     refuses (exit 2) a workload file that does not exist or a workload whose fingerprint differs
     from the pinned one."""
-    from budgettune.search.verify import verify_pin
+    from budgettune.study.verify import verify_pin
 
     check_count("--reverify-runs", runs)
     check_seconds("--trial-timeout-s", timeout)

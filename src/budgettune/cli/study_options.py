@@ -1,4 +1,4 @@
-"""``budgettune search``'s options made from the study file's keys (`search.study_schema`).
+"""``budgettune search``'s options made from the study file's keys (`study.study_schema`).
 
 A study key is a `SearchSpec` field, and its option is that name with dashes
 (``num_trials`` -> ``--num-trials``), typed by the key's schema, with the key's description as
@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import typer
 
 from budgettune.cli.app import STORAGE_ENV
-from budgettune.search.spec import SEARCH_DEFAULTS
-from budgettune.search.study_schema import OLD_KEYS, TABLES, StudyTable
+from budgettune.study.spec import SEARCH_DEFAULTS
+from budgettune.study.study_schema import OLD_KEYS, TABLES, StudyTable
 
 _KEYWORD = inspect.Parameter.KEYWORD_ONLY
 _TYPES = {"integer": int, "number": float, "string": str, "boolean": bool}

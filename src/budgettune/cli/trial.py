@@ -20,7 +20,7 @@ from budgettune.cli.app import (
 )
 from budgettune.cli.knob_options import spec_values, trial_parameters, with_options
 from budgettune.errors import UsageError
-from budgettune.search.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
+from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
 from budgettune.trial.trial_run import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 

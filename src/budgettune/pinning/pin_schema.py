@@ -25,7 +25,7 @@ MAX_WORLD_SIZE = 4096
 MAX_COUNT = 2**31 - 1
 """The largest trial number, trial count or run count a pin may hold."""
 STUDY_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
-"""A study name as `budgettune.search.spec.STUDY_NAME_PATTERN` has it (printed in tables: no
+"""A study name as `budgettune.study.spec.STUDY_NAME_PATTERN` has it (printed in tables: no
 newline or terminal escape may come with it)."""
 MAX_MS = 1e9
 """The longest step time a pin may hold (11.6 days)."""
@@ -63,6 +63,10 @@ class PinFields(BaseModel):
     op_sac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     no_offload: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     host_limit_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
+    # how a sharded pin was applied: a sentence (its wording changed over releases), printable
+    sharding: Annotated[str, Field(max_length=1000, pattern=r"^[^\x00-\x1f\x7f]*$")] | None = (
+        Field(None, json_schema_extra={"allowed": "one line of text, at most 1000 characters"})
+    )
     study_name: Annotated[str, Field(pattern=STUDY_NAME)] | None = Field(
         None, json_schema_extra={"allowed": "a study name (letters, digits, '.', '_', '-')"}
     )

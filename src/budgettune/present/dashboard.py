@@ -4,7 +4,7 @@
     serve(url, host="127.0.0.1", port=8080)     # `budgettune dashboard`; blocks until Ctrl-C
 
 The views (memory × time scatter, study note) are built in `budgettune.present.dashboard_views`
-and written by the search (`budgettune.search.publish`) through optuna-dashboard's own Python
+and written by the search (`budgettune.study.publish`) through optuna-dashboard's own Python
 API, so any optuna-dashboard shows them; this module only serves them.
 """
 

@@ -3,7 +3,7 @@
 Both travel through optuna-dashboard's own Python API as study system attrs: the figure with
 `optuna_dashboard.save_plotly_graph_object` under a fixed id (`PLOT_ID`), so a new publish
 replaces it, and the note with `optuna_dashboard.save_note`. The search calls
-`budgettune.search.publish.publish_views` after each trial batch; the dashboard
+`budgettune.study.publish.publish_views` after each trial batch; the dashboard
 (`budgettune.present.dashboard`) only reads them.
 """
 

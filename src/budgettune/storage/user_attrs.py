@@ -28,13 +28,13 @@ HEARTBEAT_ATTR = "heartbeat_s"
 TARGET_ATTR = "target_trials"
 """Study user attr: the number of counted trials the study's workers run up to."""
 LIVE_ATTR = "live_searches"
-"""Study user attr: the searches adding trials to it now (`search.live_searches`)."""
+"""Study user attr: the searches adding trials to it now (`study.live_searches`)."""
 SETTLED_ATTR = "settled"
 """Study user attr: ``{knob: {"value": ..., "reason": ...}}``, the free choices the opening
-held for the rest of the study (`search.structured`)."""
+held for the rest of the study (`study.structured`)."""
 EXCLUDED_ATTR = "excluded"
 """Study user attr: knob values the search no longer proposes, each a dict with ``knob``,
-``value``, ``reason``, ``error`` and ``trials`` (written by `search.crash_memory`)."""
+``value``, ``reason``, ``error`` and ``trials`` (written by `study.crash_memory`)."""
 
 # -- trial attrs ------------------------------------------------------------------------------
 BASELINE_ATTR = "baseline"

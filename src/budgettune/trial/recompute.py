@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util  # noqa: F401 - `check_spec_supported` looks scipy up through it
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -258,6 +259,14 @@ def apply_to_blocks(
     found = repeated_blocks(spec, model, blocks, how)
     changes = turn_off_kv_cache(model)
     apply_block_ac(found, spec.block_ac_every, spec.block_ac_policy)
+    for knob in ("block_ac_every", "offload_every"):
+        every = getattr(spec, knob)
+        if every > len(found):  # every k-th block from the k-th: none of them
+            warnings.warn(
+                f"{knob}={every} reaches no block: the model has {len(found)} repeated "
+                f"blocks, so this runs as {knob}=0",
+                stacklevel=2,
+            )
     return changes, apply_offload(model, found, spec, device_type)
 
 

@@ -10,7 +10,7 @@ it), so it needs only the study name and the storage. Each worker runs one trial
 its device; ``--gpus`` starts one ``budgettune worker --device cuda:N`` process per GPU, so
 no GPU ever runs two trials, or ``--trials-per-gpu`` of them per GPU, which then take turns on
 it (`budgettune.trial.gpu_turns`: only their compiles overlap). What counts toward the target:
-`budgettune.search.target`.
+`budgettune.study.target`.
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ from budgettune.errors import (
     UsageError,
     WorkerFailedError,
 )
-from budgettune.search.searcher import Searcher
-from budgettune.search.spec import SearchSpec, check_study_name
-from budgettune.search.study import (
+from budgettune.storage.coordination import database_errors
+from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
+from budgettune.study.searcher import Searcher
+from budgettune.study.spec import SearchSpec, check_study_name
+from budgettune.study.study import (
     SAMPLER_STREAM_ENV,
     SearchObserver,
     sampler_stream,
     worker_sampler_seed,
 )
-from budgettune.search.target import HEARTBEAT_INTERVAL_S, TrialCount
-from budgettune.storage.coordination import database_errors
-from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
+from budgettune.study.target import HEARTBEAT_INTERVAL_S, TrialCount
 from budgettune.trial.cpu_cores import CPUS_ENV, apply_cpu_share, cpu_shares
 from budgettune.trial.devices import check_device_available, cuda_device_count
 from budgettune.trial.processes import spawn

@@ -13,13 +13,13 @@ from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.pinning.pin_schema import MAX_WORLD_SIZE, STUDY_NAME
-from budgettune.search.batch import (
+from budgettune.study.batch import (
     MAX_GLOBAL_BATCH,  # noqa: F401 - re-exported
     accumulated,
     given_micro_batch,
     micro_batch_sizes,
 )
-from budgettune.search.space import SearchSpace
+from budgettune.study.space import SearchSpace
 from budgettune.trial.knobs import is_int
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import (

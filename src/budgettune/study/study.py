@@ -16,10 +16,10 @@ from typing import Any
 
 import optuna
 
-from budgettune.search.spec import MAX_SEED, STUDY_NAME_PATTERN, SearchSpec
-from budgettune.search.structured import settle_probes, wants_structured_opening
 from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED
 from budgettune.storage.user_attrs import violation_of
+from budgettune.study.spec import MAX_SEED, STUDY_NAME_PATTERN, SearchSpec
+from budgettune.study.structured import settle_probes, wants_structured_opening
 from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import EXPANDABLE, TrialSpec
 
@@ -118,7 +118,7 @@ def default_study_name(
 
 
 SAMPLER_STREAM_ENV = "BUDGETTUNE_SAMPLER_STREAM"
-"""Set by `budgettune.search.workers.run_gpu_workers` for each worker it starts (1, 2, ...):
+"""Set by `budgettune.study.workers.run_gpu_workers` for each worker it starts (1, 2, ...):
 the worker's own stream of the study's sampler seed (`worker_sampler_seed`)."""
 
 

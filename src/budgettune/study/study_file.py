@@ -13,7 +13,7 @@ Top-level keys are `SearchSpec`'s field names, ``[space]`` keys each knob's plur
 ``[fix]`` keys its name (`budgettune.trial.knobs`), ``[trial]`` the step settings.
 
 Flags override the file; the file overrides the defaults. Every key is validated once, by type
-and range, against `budgettune.search.study_schema`; an unknown key is an error.
+and range, against `budgettune.study.study_schema`; an unknown key is an error.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import StudyFileError, UsageError, one_line
-from budgettune.search.space import SearchSpace
-from budgettune.search.spec import (
+from budgettune.study.space import SearchSpace
+from budgettune.study.spec import (
     DEFAULT_WORKLOAD,
     MAX_LIMIT_BYTES,
     MIN_LIMIT_BYTES,
     SEARCH_DEFAULTS,
     SearchSpec,
 )
-from budgettune.search.study import default_study_name
-from budgettune.search.study_schema import check_study_values, new_spelling
+from budgettune.study.study import default_study_name
+from budgettune.study.study_schema import check_study_values, new_spelling
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.units import parse_bytes
 

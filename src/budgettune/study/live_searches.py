@@ -23,16 +23,16 @@ from typing import Any
 
 import optuna
 
-from budgettune.search.spec import SearchSpec
-from budgettune.search.target import (
+from budgettune.storage.coordination import ClaimLock
+from budgettune.storage.trials import UNCONSTRAINED, record_of, unconstrained_baseline
+from budgettune.storage.user_attrs import HEARTBEAT_ATTR, LIVE_ATTR, TARGET_ATTR, WORKER_ATTR
+from budgettune.study.spec import SearchSpec
+from budgettune.study.target import (
     HEARTBEAT_INTERVAL_S,
     TrialCount,
     TrialState,
     retried_numbers,
 )
-from budgettune.storage.coordination import ClaimLock
-from budgettune.storage.trials import UNCONSTRAINED, record_of, unconstrained_baseline
-from budgettune.storage.user_attrs import HEARTBEAT_ATTR, LIVE_ATTR, TARGET_ATTR, WORKER_ATTR
 
 logger = logging.getLogger(__name__)
 

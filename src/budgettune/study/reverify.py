@@ -24,8 +24,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from budgettune.pinning import Candidate, qualified
-from budgettune.search.fresh import FreshJob
-from budgettune.search.pin_steps import PinSteps
+from budgettune.study.fresh import FreshJob
+from budgettune.study.pin_steps import PinSteps
 from budgettune.trial.results import TrialResult
 from budgettune.units import format_bytes, format_percent
 

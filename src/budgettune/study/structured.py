@@ -21,7 +21,7 @@ strides, policies, optimizers, allocators) pairs them late
    that fits (`next_flip`), as soon as no structured point is left to queue, and again at a
    new incumbent (at most `MAX_FLIPS`): where it matters is where the pin will be
    (benchmarks/results/README.md#flip-at-incumbent);
-4. **the memory edge** (`budgettune.search.edge`), beside the map: the highest budget that
+4. **the memory edge** (`budgettune.study.edge`), beside the map: the highest budget that
    fits, at the block-AC point over the limit nearest to it and its next sparser stride;
 5. then the sampler, with the settled knobs held, refines budgets, op lists and solvers
    around what fits.
@@ -35,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from budgettune.search.batch import accumulated
-from budgettune.search.spec import SearchSpec
+from budgettune.study.batch import accumulated
+from budgettune.study.spec import SearchSpec
 from budgettune.trial.spec import EXPANDABLE, KNOB_BY_NAME, TrialSpec
 
 STRUCTURED_MIN_TRIALS = 8

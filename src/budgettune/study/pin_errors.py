@@ -7,9 +7,9 @@ from collections import Counter
 
 from budgettune.errors import NoFeasibleConfigError, NothingMeasuredError
 from budgettune.pinning import fits_limit, phase_advice
-from budgettune.search.pin_steps import PinSteps
-from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import record_of, smallest_peak
+from budgettune.study.pin_steps import PinSteps
+from budgettune.study.spec import SearchSpec
 from budgettune.trial.results import TrialOutcome
 from budgettune.units import format_bytes, format_percent
 

@@ -32,7 +32,6 @@ from typing import Any
 import optuna
 
 from budgettune.errors import first_line
-from budgettune.search.space import LISTED, SearchSpace
 from budgettune.storage.trials import (
     EXCLUDED_ATTR,
     FULL_AC,
@@ -40,6 +39,7 @@ from budgettune.storage.trials import (
     describe_exclusion,
 )
 from budgettune.storage.user_attrs import TrialRecord
+from budgettune.study.space import LISTED, SearchSpace
 from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 

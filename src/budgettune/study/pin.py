@@ -1,6 +1,6 @@
 """The end of a search: re-verify the fastest fitting trials in fresh processes, pin one.
 
-Re-verification (`budgettune.search.reverify`) walks down the feasible trials, fastest first,
+Re-verification (`budgettune.study.reverify`) walks down the feasible trials, fastest first,
 in rounds sized by the noise, until one qualifies (every fresh run ``ok``, the worst peak, a
 cold start's included, fits the limit with the margin) or `MAX_CANDIDATES` have been
 re-measured. Only when nothing qualifies
@@ -24,19 +24,6 @@ from budgettune.pinning import (
     ReferenceTrial,
     build_pin,
 )
-from budgettune.search.fresh import FreshJob
-from budgettune.search.pin_errors import (  # noqa: F401 - re-exported
-    margin_advice,
-    no_feasible_error,
-    nothing_measured_error,
-)
-from budgettune.search.pin_steps import Notices, PinRecorder, PinSteps, StudyTrials  # noqa: F401
-from budgettune.search.reverify import (  # noqa: F401 - re-exported
-    MAX_CANDIDATES,
-    noise_of,
-    reverify_until_one_fits,
-)
-from budgettune.search.spec import SearchSpec
 from budgettune.storage.trials import (
     FULL_AC,
     OP_SAC,
@@ -48,6 +35,19 @@ from budgettune.storage.trials import (
     metric_peak,
     record_of,
 )
+from budgettune.study.fresh import FreshJob
+from budgettune.study.pin_errors import (  # noqa: F401 - re-exported
+    margin_advice,
+    no_feasible_error,
+    nothing_measured_error,
+)
+from budgettune.study.pin_steps import Notices, PinRecorder, PinSteps, StudyTrials  # noqa: F401
+from budgettune.study.reverify import (  # noqa: F401 - re-exported
+    MAX_CANDIDATES,
+    noise_of,
+    reverify_until_one_fits,
+)
+from budgettune.study.spec import SearchSpec
 from budgettune.trial.results import TrialOutcome, TrialResult
 
 

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 from budgettune import storage as storage_mod
 from budgettune.errors import UsageError
-from budgettune.search.searcher import Searcher
-from budgettune.search.spec import SearchSpec
-from budgettune.search.study import SearchObserver, SearchOutcome
-from budgettune.search.target import HEARTBEAT_INTERVAL_S
-from budgettune.search.workers import check_gpus, gpu_groups, group_device, run_gpu_workers
 from budgettune.storage.coordination import creation_lock, database_errors
 from budgettune.storage.engine import storage_files
+from budgettune.study.searcher import Searcher
+from budgettune.study.spec import SearchSpec
+from budgettune.study.study import SearchObserver, SearchOutcome
+from budgettune.study.target import HEARTBEAT_INTERVAL_S
+from budgettune.study.workers import check_gpus, gpu_groups, group_device, run_gpu_workers
 from budgettune.trial.devices import check_device_available, device_indices
 from budgettune.trial.launcher import check_ops_exist
 from budgettune.workload import check_reference

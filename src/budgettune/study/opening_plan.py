@@ -13,12 +13,14 @@ from typing import Any
 
 import optuna
 
-from budgettune.search.crash_memory import narrow
-from budgettune.search.edge import next_edge
-from budgettune.search.opening import enqueue_baseline
-from budgettune.search.space import SearchSpace
-from budgettune.search.spec import SearchSpec
-from budgettune.search.structured import (
+from budgettune.storage.trials import FULL_AC, record_of
+from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, TARGET_ATTR
+from budgettune.study.crash_memory import narrow
+from budgettune.study.edge import next_edge
+from budgettune.study.opening import enqueue_baseline
+from budgettune.study.space import SearchSpace
+from budgettune.study.spec import SearchSpec
+from budgettune.study.structured import (
     SETTLE_PREFIX,
     Point,
     held_values,
@@ -29,9 +31,7 @@ from budgettune.search.structured import (
     settled_attr,
     wants_structured_opening,
 )
-from budgettune.search.study import as_given
-from budgettune.storage.trials import FULL_AC, record_of
-from budgettune.storage.user_attrs import EXCLUDED_ATTR, SETTLED_ATTR, TARGET_ATTR
+from budgettune.study.study import as_given
 from budgettune.trial.spec import KNOB_BY_NAME
 
 _STATE = optuna.trial.TrialState

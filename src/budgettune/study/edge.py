@@ -1,5 +1,5 @@
 """The memory edge: the opening's budget step beside the block-AC map and the flips
-(`budgettune.search.structured`, step 4).
+(`budgettune.study.structured`, step 4).
 
 Where a block-AC point over the limit is faster than everything that fits, the one nearest
 the limit and its policy's next sparser stride are measured at lower budgets, by bisection on
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from budgettune.search.spec import SearchSpec
-from budgettune.search.structured import (
+from budgettune.study.spec import SearchSpec
+from budgettune.study.structured import (
     TIME_NOISE,
     Point,
     by_spec_of,

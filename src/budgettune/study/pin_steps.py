@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 
 if TYPE_CHECKING:
-    from budgettune.search.fresh import FreshJob
-    from budgettune.search.spec import SearchSpec
+    from budgettune.study.fresh import FreshJob
+    from budgettune.study.spec import SearchSpec
     from budgettune.trial.results import TrialResult
 
 

@@ -21,8 +21,8 @@ from pydantic.json_schema import JsonDict
 from budgettune.errors import SpecError, StudyFileError
 from budgettune.pinning.pin_schema import MAX_WORLD_SIZE
 from budgettune.schema import OneOf, first_problem
-from budgettune.search.space import FIXABLE
-from budgettune.search.spec import (
+from budgettune.study.space import FIXABLE
+from budgettune.study.spec import (
     MAX_COUNT,
     MAX_GLOBAL_BATCH,
     MAX_REVERIFY_RUNS,

@@ -12,17 +12,6 @@ import optuna
 
 from budgettune import storage as storage_mod
 from budgettune.errors import UsageError
-from budgettune.search.space import spec_params
-from budgettune.search.spec import SearchSpec
-from budgettune.search.study import (
-    HIGH_BUDGET,
-    HIGH_BUDGET_RETRY,
-    baseline_specs,
-    high_budget_retry,
-    make_sampler,
-    study_attrs,
-)
-from budgettune.search.target import retried_numbers
 from budgettune.storage.user_attrs import (
     BASELINE_ATTR,
     ENQUEUED_SPEC_ATTR,
@@ -32,6 +21,17 @@ from budgettune.storage.user_attrs import (
     SPEC_ATTR,
     TrialRecord,
 )
+from budgettune.study.space import spec_params
+from budgettune.study.spec import SearchSpec
+from budgettune.study.study import (
+    HIGH_BUDGET,
+    HIGH_BUDGET_RETRY,
+    baseline_specs,
+    high_budget_retry,
+    make_sampler,
+    study_attrs,
+)
+from budgettune.study.target import retried_numbers
 from budgettune.trial.spec import TrialSpec
 
 logger = logging.getLogger(__name__)

@@ -31,29 +31,6 @@ from budgettune.errors import (
     WorkloadFailedError,
 )
 from budgettune.pinning import measured_violation_bytes
-from budgettune.search import live_searches
-from budgettune.search.crash_memory import remember_crashes
-from budgettune.search.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
-from budgettune.search.numerics import check_numerics, reference_at
-from budgettune.search.opening import (
-    open_study,
-    requeue_unfinished,
-    retry_high_budget,
-    stored_trial,
-)
-from budgettune.search.opening_plan import plan_opening, sampling_space
-from budgettune.search.pin import pin_study
-from budgettune.search.publish import refresh_views
-from budgettune.search.space import suggest_spec
-from budgettune.search.spec import SearchSpec
-from budgettune.search.steady import check_steady, steady_error
-from budgettune.search.study import (
-    HIGH_BUDGET,
-    SearchObserver,
-    TrialEvent,
-    TrialFailed,
-)
-from budgettune.search.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount, study_count
 from budgettune.storage.coordination import ClaimLock, database_errors
 from budgettune.storage.trials import (
     BASELINE_ATTR,
@@ -69,6 +46,29 @@ from budgettune.storage.user_attrs import (
     TrialRecord,
     result_attrs,
 )
+from budgettune.study import live_searches
+from budgettune.study.crash_memory import remember_crashes
+from budgettune.study.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
+from budgettune.study.numerics import check_numerics, reference_at
+from budgettune.study.opening import (
+    open_study,
+    requeue_unfinished,
+    retry_high_budget,
+    stored_trial,
+)
+from budgettune.study.opening_plan import plan_opening, sampling_space
+from budgettune.study.pin import pin_study
+from budgettune.study.publish import refresh_views
+from budgettune.study.space import suggest_spec
+from budgettune.study.spec import SearchSpec
+from budgettune.study.steady import check_steady, steady_error
+from budgettune.study.study import (
+    HIGH_BUDGET,
+    SearchObserver,
+    TrialEvent,
+    TrialFailed,
+)
+from budgettune.study.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount, study_count
 from budgettune.trial.cpu_cores import cpu_shares
 from budgettune.trial.launcher import launch_trial, trial_servers
 from budgettune.trial.results import TrialOutcome, TrialResult
@@ -395,5 +395,5 @@ class Searcher:
         self.close()
 
     def pin(self) -> dict[str, Any]:
-        """Re-verify the fastest fitting trials and pin one (`budgettune.search.pin`): its JSON."""
+        """Re-verify the fastest fitting trials and pin one (`budgettune.study.pin`): its JSON."""
         return pin_study(self).to_json_dict()
