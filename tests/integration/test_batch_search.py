@@ -41,7 +41,9 @@ def test_a_search_over_micro_batches_pins_one_and_a_trainer_runs_it(tmp_path: Pa
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    trials = optuna.load_study(study_name=None, storage=f"sqlite:///{db}").trials
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    assert study.metric_names == ["step time (ms)"]  # the dashboard's name for the objective
+    trials = study.trials
     specs = [t.user_attrs["spec"] for t in trials if "spec" in t.user_attrs]
     # 3 does not divide 16: never tried; every trial is 16 rows a step
     assert {s["micro_batch"] for s in specs} <= {2, 4, 8}

@@ -5,6 +5,7 @@ and a copy of a trial that an interrupt or a file system fault stopped)."""
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +133,19 @@ def requeue_unfinished(
     return True
 
 
+OBJECTIVE_NAME = "step time (ms)"
+"""What the trials' value is, as the dashboard names it (not "Objective 0")."""
+
+
+def name_objective(study: optuna.Study) -> None:
+    """Name the study's objective for the dashboard (once; older studies on their next
+    publish)."""
+    if study.metric_names != [OBJECTIVE_NAME]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([OBJECTIVE_NAME])
+
+
 def open_study(
     search: SearchSpec, store: storage_mod.Storage, *, create: bool, heartbeat_s: int
 ) -> tuple[optuna.Study, bool]:
@@ -151,6 +165,7 @@ def open_study(
         except optuna.exceptions.DuplicatedStudyError:
             pass
         else:
+            name_objective(study)
             study.set_user_attr(SEARCH_ATTR, study_attrs(search))
             study.set_user_attr(SPEC_ATTR, search.to_json_dict())
             study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)

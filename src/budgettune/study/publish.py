@@ -24,6 +24,7 @@ from budgettune.present.dashboard_views import (
 from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import record_of
 from budgettune.storage.user_attrs import SEARCH_ATTR
+from budgettune.study.opening import name_objective
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
         study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
     except KeyError:
         raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
+    name_objective(study)  # a study made before its objective was named
     search = study.user_attrs.get(SEARCH_ATTR, {})
     study_limit = StudyLimit.of(search)
     metric = study_limit.mem_metric
