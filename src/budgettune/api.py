@@ -55,7 +55,7 @@ def search(
     workload_dir: str | Path = "budgettune-workload",
     force: bool = False,
     num_trials: int | None = None,
-    storage_url: str | None = None,
+    storage_url: str | os.PathLike[str] | None = None,
     study_name: str | None = None,
     device: str | None = None,
     mem_metric: MemMetric | None = None,
@@ -148,6 +148,11 @@ def search(
             f"budgettune.search: options takes a mapping of builder options, e.g. "
             f"{{'batch_size': 8}}; got {options!r:.80}"
         )
+    _check_arguments(max_mem, output, study_file, workload_dir, force=force, progress=progress)
+    if options:  # by the study file's schema, before anything is written (issue 48)
+        check_study_values("budgettune.search()", {"workload_options": dict(options)})
+    if isinstance(storage_url, os.PathLike):
+        storage_url = os.fspath(storage_url)
     if storage_url is None:  # as every command reads it
         storage_url = os.environ.get(STORAGE_ENV) or None
     given: dict[str, Any] = {
@@ -207,6 +212,34 @@ def search(
             outcome = run_search(spec, None, gpus=gpu_list)
     write_pin(output, outcome.pin)
     return load_pinned(output)
+
+
+def _check_arguments(
+    max_mem: object,
+    output: object,
+    study_file: object,
+    workload_dir: object,
+    *,
+    force: object,
+    progress: object,
+) -> None:
+    """The arguments a type checker would refuse, refused at run time too, in one line each
+    (issue 48: ``output=123`` was a TypeError from deep inside, ``force='yes'`` taken as
+    true)."""
+    if isinstance(max_mem, bool) or not isinstance(max_mem, (str, int)):
+        raise UsageError(f"budgettune.search: max_mem takes '20GB' or bytes; got {max_mem!r:.80}")
+    for name, value, optional in (
+        ("output", output, False),
+        ("study_file", study_file, True),
+        ("workload_dir", workload_dir, False),
+    ):
+        if value is None and optional:
+            continue
+        if not isinstance(value, (str, os.PathLike)) or "\0" in os.fspath(value):
+            raise UsageError(f"budgettune.search: {name} takes a path; got {value!r:.80}")
+    for name, value in (("force", force), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise UsageError(f"budgettune.search: {name} takes True or False; got {value!r:.80}")
 
 
 def builder_reference(build: Builder | str) -> tuple[str, str | None]:

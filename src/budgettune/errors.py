@@ -28,6 +28,8 @@ def terminal_safe(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     escapes (an ANSI sequence in a study name cannot repaint the terminal), and at most
     ``limit`` characters, the middle left out with a note of how much."""
     text = text.translate(_CONTROL)
+    # a lone surrogate (from a JSON escape) cannot be printed: written as its escape
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= limit:
         return text
     head, tail = limit * 2 // 3, limit // 4
@@ -53,9 +55,19 @@ def one_line(exc: BaseException, *, with_type: bool = False) -> str:
 
 
 class BudgettuneError(Exception):
-    """Base of every failure budgettune reports to a user (exit code 1)."""
+    """Base of every failure budgettune reports to a user (exit code 1). Its message is at
+    most 4 `MAX_ERROR_CHARS` long, the middle left out (issue 48: a 5 MB workload reference in
+    a pin made a 5 MB exception for the Python API's caller)."""
 
     exit_code: int = 1
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if len(text) <= 4 * MAX_ERROR_CHARS:
+            return text
+        head, tail = 8 * MAX_ERROR_CHARS // 3, MAX_ERROR_CHARS
+        left_out = len(text) - head - tail
+        return f"{text[:head]} [... {left_out} characters left out ...] {text[-tail:]}"
 
 
 class UsageError(BudgettuneError):

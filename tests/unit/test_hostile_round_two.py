@@ -212,6 +212,11 @@ def test_another_programs_database_is_refused_with_nothing_left_beside_it(
         ({"sharding": "fsdp2\n[job]\ninjected = 1"}, "sharding"),  # N7: it was never read
         ({"sharding": 5}, "sharding"),
         ({"sharding": "x" * 1001}, "sharding"),
+        ({"advice": "\x1b[2J\x1b[31mEVIL"}, "advice"),  # probe 4, P7: show printed it raw
+        ({"advice": "\ud800"}, "advice"),  # P6: a lone surrogate made show print a traceback
+        ({"advice": ["x"]}, "advice"),
+        ({"baseline_status": "great"}, "baseline_status"),
+        ({"created_at": 5}, "created_at"),
     ],
 )
 def test_a_pin_field_out_of_its_bounds_is_one_line(

@@ -60,11 +60,11 @@ def search(
         ),
     ] = None,
     output: Annotated[
-        Path,
+        str,
         typer.Option(
             "--output", help="Where to write the pinned config JSON (- for stdout, alone on it)."
         ),
-    ] = Path("budgettune-pin.json"),
+    ] = "budgettune-pin.json",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print only the pinned config JSON on stdout.")
     ] = False,

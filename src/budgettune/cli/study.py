@@ -20,7 +20,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
-from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, check_seconds
+from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, MAX_REVERIFY_RUNS, check_seconds
 
 
 @app.command()
@@ -92,14 +92,14 @@ class ExportFormat(str, enum.Enum):
 @handles_errors
 def export(
     output: Annotated[
-        Path,
+        str,
         typer.Option(
             "--output",
             "-o",
             help="Pinned JSON to write, - for stdout (-o is the old spelling, read still: in "
             "search and trial -o is --option).",
         ),
-    ] = Path("budgettune-pin.json"),
+    ] = "budgettune-pin.json",
     study: Annotated[str | None, STUDY_OPTION] = None,
     storage: Annotated[str | None, STORAGE_OPTION] = None,
     output_format: Annotated[
@@ -181,7 +181,14 @@ def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:
 def verify(
     pin_file: Annotated[Path, typer.Argument(help="A pinned config JSON.")],
     runs: Annotated[
-        int, typer.Option("--reverify-runs", "--runs", help="Fresh re-measurements.")
+        int,
+        typer.Option(
+            "--reverify-runs",
+            "--runs",
+            min=1,
+            max=MAX_REVERIFY_RUNS,
+            help=f"Fresh re-measurements (1 to {MAX_REVERIFY_RUNS}).",
+        ),
     ] = 3,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
     timeout: Annotated[

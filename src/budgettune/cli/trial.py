@@ -114,7 +114,7 @@ def trial(
     check_seconds("--trial-timeout-s", timeout)
     check_seconds("--collective-timeout-s", collective_timeout)
     check_reference(workload)
-    chosen_device = device or default_device(workload)
+    chosen_device = default_device(workload) if device is None else device
     run = TrialRun(
         spec=spec,
         workload=workload,

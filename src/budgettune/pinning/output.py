@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import BudgettuneError, UsageError
+from budgettune.errors import BudgettuneError, UsageError, terminal_safe
 from budgettune.pinning.document import PinDocument
 from budgettune.trial.results import write_json_atomically
 
@@ -83,6 +83,11 @@ def check_pin_output(
 
     if str(path) == STDOUT:
         return
+    if isinstance(path, str) and path.endswith(("/", os.sep)):  # Path() would drop the slash
+        raise UsageError(
+            f"{what} {terminal_safe(path, 200)} names a folder: give the pin's file, e.g. "
+            f"{terminal_safe(path, 200)}budgettune-pin.json"
+        )
     target = Path(path)
     try:
         status = target.lstat()

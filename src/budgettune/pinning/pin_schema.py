@@ -15,13 +15,11 @@ from pydantic.json_schema import JsonDict
 
 from budgettune.pinning.document import PinDocument
 from budgettune.schema import OneOf
-from budgettune.trial.results import MEM_METRICS
-from budgettune.trial.trial_run import DEVICE_PATTERN
+from budgettune.trial.results import MEM_METRICS, TrialOutcome
+from budgettune.trial.trial_run import DEVICE_PATTERN, MAX_WORLD_SIZE
 
 MAX_BYTES = 2**63 - 1
 """The largest byte figure a pin may hold (what torch's allocator counters can reach)."""
-MAX_WORLD_SIZE = 4096
-"""The most ranks a pin may name (``verify`` launches that many)."""
 MAX_COUNT = 2**31 - 1
 """The largest trial number, trial count or run count a pin may hold."""
 STUDY_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
@@ -30,6 +28,11 @@ newline or terminal escape may come with it)."""
 MAX_MS = 1e9
 """The longest step time a pin may hold (11.6 days)."""
 
+BASELINE_STATUSES = ("over_limit", "missing", *(outcome.value for outcome in TrialOutcome))
+"""What a pin says of its unconstrained baseline: ``ok`` (an outcome), over the limit, missing,
+or the outcome that kept it from running."""
+_PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+"""A text with no control character (no newline, no terminal escape)."""
 _OBJECT: JsonDict = {"allowed": "a JSON object"}
 _REFERENCE: JsonDict = {"allowed": "a JSON object or null"}
 
@@ -63,8 +66,16 @@ class PinFields(BaseModel):
     op_sac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     no_offload: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     host_limit_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
+    # texts budgettune wrote, shown by `show` and the exports: one printable paragraph each
+    advice: Annotated[str, Field(max_length=4000, pattern=_PRINTABLE)] | None = Field(
+        None, json_schema_extra={"allowed": "one line of text, at most 4000 characters"}
+    )
+    baseline_status: Annotated[str, OneOf(BASELINE_STATUSES)] | None = None
+    created_at: Annotated[str, Field(max_length=64, pattern=_PRINTABLE)] | None = Field(
+        None, json_schema_extra={"allowed": "a date and time"}
+    )
     # how a sharded pin was applied: a sentence (its wording changed over releases), printable
-    sharding: Annotated[str, Field(max_length=1000, pattern=r"^[^\x00-\x1f\x7f]*$")] | None = (
+    sharding: Annotated[str, Field(max_length=1000, pattern=_PRINTABLE)] | None = (
         Field(None, json_schema_extra={"allowed": "one line of text, at most 1000 characters"})
     )
     study_name: Annotated[str, Field(pattern=STUDY_NAME)] | None = Field(

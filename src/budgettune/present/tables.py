@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from rich.markup import escape
 from rich.table import Table
 
+from budgettune.errors import terminal_safe
 from budgettune.pinning.document import PinDocument, PinReference
 from budgettune.trial.results import Measurement, TrialResult
 from budgettune.trial.spec import TrialSpec
@@ -196,11 +198,13 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
         )
         table.add_row("vs op SAC", f"{op_sac.slowdown * 100:+.1f}%")
     if status not in ("ok", "over_limit", "missing"):
-        table.add_row("baseline (budget 1.0)", f"cannot run: {status}")
+        table.add_row("baseline (budget 1.0)", f"cannot run: {escape(terminal_safe(status, 200))}")
     if pin.spec.offloads:
         _offload_rows(table, pin)
     if pin.world_size > 1:
-        table.add_row("world size", f"{pin.world_size} ranks; {pin.sharding}")
+        table.add_row(
+            "world size", f"{pin.world_size} ranks; {escape(terminal_safe(pin.sharding, 1000))}"
+        )
         for row in measured.per_rank or ():
             table.add_row(
                 f"rank {row.rank}",
@@ -215,7 +219,7 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
                 f"activations {format_bytes(split.activation_bytes)} (not sharded)",
             )
     if pin.advice:
-        table.add_row("note", pin.advice)
+        table.add_row("note", escape(terminal_safe(pin.advice, 4000)))  # a stored pin's text
     table.add_row("study", f"{pin.study_name} (trial {pin.trial_number}, {pin.trials} trials)")
     return table
 

@@ -15,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from budgettune.errors import StorageError, one_line
+from budgettune.errors import StorageError, UsageError, one_line
 
 DEFAULT_SQLITE_FILE = "budgettune.db"
 SQLITE_BUSY_TIMEOUT_S = 60
@@ -47,11 +47,22 @@ def normalize_url(url_or_path: str | None) -> str:
     if "://" not in text:
         return _sqlite_url(Path(text).expanduser())
     url = _parse(text)
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise UsageError(  # every command, `db upgrade` too (issue 48)
+            f"{_mask_unparsed(text)} is an in-memory database: each trial and worker is a "
+            "process of its own, and the study would be gone when this one exits; give a file path"
+        )
     if url.drivername == "postgresql" and importlib.util.find_spec("psycopg2") is None:
         url = url.set(drivername="postgresql+psycopg")
-    elif url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+    elif url.get_backend_name() == "sqlite":
         database = url.database or ""
-        if not database.startswith("file:") and not Path(database).is_absolute():
+        if database.startswith("file:") or url.query.get("uri"):
+            # issue 48: a URI filename names its file in a way the output check cannot see
+            raise StorageError(
+                f"storage {_mask_unparsed(text)}: SQLite URI filenames (file:...) are not "
+                "taken; give the database file's path (sqlite:///path/to/study.db)"
+            )
+        if not Path(database).is_absolute():
             url = url.set(database=str(Path(database).expanduser().resolve()))
     else:
         return text
@@ -105,8 +116,6 @@ def sqlite_file(url: str) -> Path | None:
     parsed = make_url(url)
     database = parsed.database
     if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
-        return None
-    if database.startswith("file:"):
         return None
     return Path(database)
 

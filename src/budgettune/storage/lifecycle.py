@@ -13,7 +13,7 @@ import sqlalchemy
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from budgettune.errors import ForeignDatabaseError, StorageError, UsageError
+from budgettune.errors import ForeignDatabaseError, StorageError
 from budgettune.storage import migrations
 from budgettune.storage.engine import (
     check_connection,
@@ -57,12 +57,6 @@ def open_storage(
     full_url = normalize_url(url)
     shown = display_url(full_url)
     path = sqlite_file(full_url)
-    parsed = sqlalchemy.make_url(full_url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise UsageError(
-            f"{url} is an in-memory database: each trial and worker is a process of its "
-            "own, and the study would be gone when this one exits; give a file path"
-        )
     if not create and path is not None and not path.exists():
         raise StorageError(f"no storage at {shown}; run `budgettune search` first")
     engine = create_engine(full_url)

@@ -123,7 +123,7 @@ class SearchSpace:
                 if any(not isinstance(op, str) for op in values):
                     raise SpecError(f"{k.plural} must list strings, got {list(values)}")
                 for op in values:
-                    if not OP_NAME_PATTERN.match(op):
+                    if not OP_NAME_PATTERN.fullmatch(op):
                         raise SpecError(
                             f"{op!r} is not an op name; write it like aten.add or aten.mm"
                         )

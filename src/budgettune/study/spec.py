@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from budgettune.errors import SpecError, UsageError
-from budgettune.pinning.pin_schema import MAX_WORLD_SIZE, STUDY_NAME
+from budgettune.pinning.pin_schema import STUDY_NAME
 from budgettune.study.batch import (
     MAX_GLOBAL_BATCH,  # noqa: F401 - re-exported
     accumulated,
@@ -26,6 +26,7 @@ from budgettune.trial.trial_run import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
     DEVICE_PATTERN,
+    MAX_WORLD_SIZE,
     TrialRun,
     check_world,
 )
@@ -172,7 +173,7 @@ class SearchSpec:
             raise UsageError(f"--runs-dir must name a folder, got {self.runs_dir!r}")
         if self.storage_url is not None and not isinstance(self.storage_url, str):
             raise UsageError(f"--storage-url must be a URL or a path, got {self.storage_url!r}")
-        if not isinstance(self.device, str) or not DEVICE_PATTERN.match(self.device):
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         check_study_name(self.study_name, what="--study-name")
         try:

@@ -19,7 +19,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import JsonDict
 
 from budgettune.errors import SpecError, StudyFileError
-from budgettune.pinning.pin_schema import MAX_WORLD_SIZE
 from budgettune.schema import OneOf, first_problem
 from budgettune.study.space import FIXABLE
 from budgettune.study.spec import (
@@ -38,7 +37,7 @@ from budgettune.study.spec import (
 from budgettune.trial.allocator import parse_settings
 from budgettune.trial.knobs import Knob
 from budgettune.trial.spec import KNOB_BY_NAME, KNOBS, MAX_STEPS, OP_NAME_PATTERN
-from budgettune.trial.trial_run import DEVICE_PATTERN
+from budgettune.trial.trial_run import DEVICE_PATTERN, MAX_WORLD_SIZE
 
 
 def _alloc_conf(value: str) -> str:

@@ -81,7 +81,7 @@ class WorkerJob:
 
     def __post_init__(self) -> None:
         check_study_name(self.study_name)  # it names the folder the trials write into
-        if self.device is not None and not DEVICE_PATTERN.match(self.device):
+        if self.device is not None and not DEVICE_PATTERN.fullmatch(self.device):
             raise UsageError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.max_trials is not None and self.max_trials < 1:
             raise UsageError(f"--max-trials must be at least 1, got {self.max_trials}")

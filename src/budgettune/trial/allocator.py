@@ -48,7 +48,7 @@ def parse_settings(text: str) -> dict[str, str]:
     for entry in (part.strip() for part in text.split(",")):
         if not entry:
             continue
-        if not SETTING_PATTERN.match(entry):
+        if not SETTING_PATTERN.fullmatch(entry):
             raise SpecError(
                 f"cuda_alloc_conf: {entry!r} is not a setting; write key:value pairs separated "
                 "by commas, e.g. expandable_segments:True"
@@ -127,6 +127,14 @@ def _reserved_bytes(torch: Any) -> int:
     return sum(torch.cuda.memory_reserved(index) for index in range(torch.cuda.device_count()))
 
 
+def _refused(alloc_conf: str, before: str, exc: Exception) -> SpecError:
+    """Torch's parser refused a value (``max_split_size_mb:abc``): the variable as it was, and
+    one line naming the setting (issue 48: not torch's bare ``ValueError: stoull``)."""
+    os.environ[ENV_VAR] = before
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return SpecError(f"cuda_alloc_conf {alloc_conf!r:.200}: torch refuses it ({reason:.200})")
+
+
 def apply_allocator_settings(alloc_conf: str) -> AllocatorApplied:
     """Give this process the allocator setting as early as it still can take it.
 
@@ -138,18 +146,22 @@ def apply_allocator_settings(alloc_conf: str) -> AllocatorApplied:
         cannot take the setting.
 
     Raises:
-        SpecError: a malformed setting.
+        SpecError: a malformed setting, or a value torch refuses.
     """
     wanted = parse_settings(alloc_conf)
     if not wanted:
         return AllocatorApplied(setting="", how="none")
-    merged, replaced = merged_setting(os.environ.get(ENV_VAR, ""), alloc_conf)
+    before = os.environ.get(ENV_VAR, "")
+    merged, replaced = merged_setting(before, alloc_conf)
     os.environ[ENV_VAR] = merged  # child processes (torchrun ranks, data workers) inherit it
     torch = sys.modules.get("torch")
     if torch is None:
         _APPLIED.add(alloc_conf)
         return AllocatorApplied(setting=alloc_conf, how="environment", replaced=tuple(replaced))
-    current = _torch_current(torch)
+    try:
+        current = _torch_current(torch)  # torch parses the variable set above
+    except (ValueError, IndexError, RuntimeError) as exc:
+        raise _refused(alloc_conf, before, exc) from None
     if current is not None:
         if wanted.items() <= parse_settings(current).items():
             return AllocatorApplied(setting=alloc_conf, how="already")
@@ -168,7 +180,10 @@ def apply_allocator_settings(alloc_conf: str) -> AllocatorApplied:
             ),
         )
     reserved = _reserved_bytes(torch)
-    setter(merged)
+    try:
+        setter(merged)
+    except (ValueError, IndexError, RuntimeError) as exc:  # a value torch's parser refuses
+        raise _refused(alloc_conf, before, exc) from None
     _APPLIED.add(alloc_conf)
     if not reserved:
         return AllocatorApplied(setting=alloc_conf, how="setter", replaced=tuple(replaced))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import json
 import logging
 import os
@@ -129,6 +130,9 @@ def launch_trial(
             went away, or whose disk filled up, says nothing about its configuration).
         KeyboardInterrupt: re-raised after the child's process tree has been killed.
     """
+    if Path(run_dir).is_symlink():  # issue 48: never write a trial's files through a link
+        error = OSError(errno.ELOOP, "a link: no trial folder is written through one")
+        raise TrialInfrastructureError(_fault_line(error, run_dir))
     folder = Path(run_dir).resolve()
     cache_dir = run.cache_dir()
     try:

@@ -49,6 +49,6 @@ def check_op_names(name: str, ops: Iterable[str]) -> tuple[str, ...]:
     """
     ops = tuple(ops)
     for op in ops:
-        if not isinstance(op, str) or not OP_NAME_PATTERN.match(op):
+        if not isinstance(op, str) or not OP_NAME_PATTERN.fullmatch(op):
             raise SpecError(f"{name}: {op!r} is not an op name; write it like aten.add or aten.mm")
     return tuple(sorted(set(ops)))

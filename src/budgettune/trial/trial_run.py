@@ -3,6 +3,7 @@ contract), with the device rules of a trial (`check_world`)."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class TrialRun:
             raise SpecError("TrialRun.spec must be a TrialSpec")
         if not isinstance(self.workload, str) or not self.workload.strip():
             raise SpecError("workload reference must be a non-empty string")
-        if not DEVICE_PATTERN.match(self.device):
+        if not DEVICE_PATTERN.fullmatch(self.device):
             raise SpecError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         check_world(self.device, self.nproc_per_node)
         if self.shared_gpu and (not self.is_cuda or self.nproc_per_node > 1):
@@ -110,16 +111,29 @@ class TrialRun:
         )
 
 
+MAX_WORLD_SIZE = 4096
+"""The most ranks a trial (and a pin) may have."""
+
+
 def check_world(device: str, nproc_per_node: int) -> None:
     """A device and a rank count that go together: a GPU group lists one GPU per rank.
 
     Raises:
-        SpecError: fewer than 1 rank, ``cuda:N`` for several ranks, or a group of another size.
+        SpecError: fewer than 1 rank or more than `MAX_WORLD_SIZE`, more CPU ranks than this
+            host has cores, ``cuda:N`` for several ranks, or a group of another size.
     """
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int):
         raise SpecError(f"nproc_per_node must be an integer, got {nproc_per_node!r}")
-    if nproc_per_node < 1:
-        raise SpecError(f"nproc_per_node must be at least 1, got {nproc_per_node}")
+    if not 1 <= nproc_per_node <= MAX_WORLD_SIZE:
+        raise SpecError(
+            f"nproc_per_node must be an integer from 1 to {MAX_WORLD_SIZE}, got {nproc_per_node}"
+        )
+    cores = os.cpu_count() or 1
+    if device == "cpu" and nproc_per_node > cores:  # issue 48: a pin's 4096 ranks on 2 cores
+        raise SpecError(
+            f"{nproc_per_node} CPU ranks on a host of {cores} cores: a sharded CPU trial runs "
+            "at most one rank a core"
+        )
     if ":" not in device:
         return
     gpus = device.split(":", 1)[1].split(",")
