@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from budgettune.errors import StorageError
+from budgettune.errors import StorageError, UsageError
 from budgettune.storage import display_url, normalize_url, open_storage
 
 
@@ -27,7 +27,9 @@ def test_plain_and_relative_paths_become_absolute_sqlite_urls(
 
 
 def test_server_urls_pass_through_with_psycopg3() -> None:
-    assert normalize_url("sqlite://") == "sqlite://"
+    for in_memory in ("sqlite://", "sqlite:///:memory:"):  # issue 48: refused by every command
+        with pytest.raises(UsageError, match="in-memory database"):
+            normalize_url(in_memory)
     url = "postgresql+psycopg://u:p@h:5432/db"
     assert normalize_url(url) == url
     assert normalize_url("postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
