@@ -211,14 +211,16 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def check_count(flag: str, value: int) -> None:
-    """A count flag (``--runs``) is at least 1.
+def check_count(flag: str, value: int, *, most: int | None = None) -> None:
+    """A count flag (``--runs``) is at least 1 (and at most ``most``).
 
     Raises:
         UsageError: one line naming the flag.
     """
     if value < 1:
         raise UsageError(f"{flag} must be at least 1, got {value}")
+    if most is not None and value > most:
+        raise UsageError(f"{flag} must be at most {most}, got {str(value):.40}")
 
 
 def default_device(workload: str) -> str:
