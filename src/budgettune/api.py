@@ -180,9 +180,9 @@ def search(
     }
     settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     settings = check_study_values("budgettune.search()", settings)
-    output = Path(output)
     read = files_read(settings.get("storage_url"), study_file)
     check_pin_output(output, what="output", force=force, protected=read)  # before any write
+    output = Path(output)  # (checked first: a trailing slash, which Path drops, names a folder)
     if _is_trainer(build):
         build = write_workload(build, workload_dir)
     reference, import_root = builder_reference(build)

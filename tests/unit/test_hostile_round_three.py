@@ -94,6 +94,7 @@ def test_p6_a_lone_surrogate_prints_as_its_escape() -> None:
         ({"progress": "no"}, "progress takes True or False"),
         ({"max_mem": b"200MB"}, "max_mem takes"),
         ({"options": {"n_layers": object()}}, "workload_options must be"),
+        ({"output": "sub/"}, "names a folder"),
     ],
 )
 def test_p8_p15_api_arguments_of_the_wrong_type_are_one_line_before_anything_is_written(
