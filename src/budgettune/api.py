@@ -137,20 +137,9 @@ def search(
             CLI's exit codes 3, 4 and 1 say.
         KeyboardInterrupt: finished trials are kept; the running one runs again next time.
     """
-    if (
-        isinstance(gpus, (str, bytes))
-        or not isinstance(gpus, Sequence)
-        or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
-    ):
-        raise UsageError(f"budgettune.search: gpus takes GPU indices, e.g. [0, 1]; got {gpus!r}")
-    if options is not None and not isinstance(options, Mapping):
-        raise UsageError(
-            f"budgettune.search: options takes a mapping of builder options, e.g. "
-            f"{{'batch_size': 8}}; got {options!r:.80}"
-        )
-    _check_arguments(max_mem, output, study_file, workload_dir, force=force, progress=progress)
-    if options:  # by the study file's schema, before anything is written (issue 48)
-        check_study_values("budgettune.search()", {"workload_options": dict(options)})
+    _check_arguments(
+        max_mem, output, study_file, workload_dir, gpus, options, force=force, progress=progress
+    )
     if isinstance(storage_url, os.PathLike):
         storage_url = os.fspath(storage_url)
     if storage_url is None:  # as every command reads it
@@ -219,13 +208,28 @@ def _check_arguments(
     output: object,
     study_file: object,
     workload_dir: object,
+    gpus: object,
+    options: object,
     *,
     force: object,
     progress: object,
 ) -> None:
-    """The arguments a type checker would refuse, refused at run time too, in one line each
-    (issue 48: ``output=123`` was a TypeError from deep inside, ``force='yes'`` taken as
-    true)."""
+    """The arguments a type checker would refuse, refused at run time too, in one line each,
+    before anything is written (issue 48: ``output=123`` was a TypeError from deep inside,
+    ``force='yes'`` taken as true, an option of no JSON type made a study first)."""
+    if (
+        isinstance(gpus, (str, bytes))
+        or not isinstance(gpus, Sequence)
+        or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
+    ):
+        raise UsageError(f"budgettune.search: gpus takes GPU indices, e.g. [0, 1]; got {gpus!r}")
+    if options is not None and not isinstance(options, Mapping):
+        raise UsageError(
+            f"budgettune.search: options takes a mapping of builder options, e.g. "
+            f"{{'batch_size': 8}}; got {options!r:.80}"
+        )
+    if options:  # by the study file's schema
+        check_study_values("budgettune.search()", {"workload_options": dict(options)})
     if isinstance(max_mem, bool) or not isinstance(max_mem, (str, int)):
         raise UsageError(f"budgettune.search: max_mem takes '20GB' or bytes; got {max_mem!r:.80}")
     for name, value, optional in (

@@ -30,6 +30,12 @@ def terminal_safe(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     text = text.translate(_CONTROL)
     # a lone surrogate (from a JSON escape) cannot be printed: written as its escape
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return cut_middle(text, limit)
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters, else its start and end with a note
+    of how many characters between them were left out."""
     if len(text) <= limit:
         return text
     head, tail = limit * 2 // 3, limit // 4
@@ -62,12 +68,7 @@ class BudgettuneError(Exception):
     exit_code: int = 1
 
     def __str__(self) -> str:
-        text = super().__str__()
-        if len(text) <= 4 * MAX_ERROR_CHARS:
-            return text
-        head, tail = 8 * MAX_ERROR_CHARS // 3, MAX_ERROR_CHARS
-        left_out = len(text) - head - tail
-        return f"{text[:head]} [... {left_out} characters left out ...] {text[-tail:]}"
+        return cut_middle(super().__str__(), 4 * MAX_ERROR_CHARS)
 
 
 class UsageError(BudgettuneError):

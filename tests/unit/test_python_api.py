@@ -90,3 +90,16 @@ def test_search_is_a_typed_function_and_import_stays_light(tmp_path: Path) -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_every_study_file_key_is_a_keyword_of_the_search() -> None:
+    """The keywords are written out (for type checkers), so a new study key must be added to
+    them too: the study file's own arguments (workload, its options, the limit) aside."""
+    import inspect
+
+    from budgettune.study.study_schema import StudyTable
+
+    own = {"workload": "build", "workload_options": "options", "max_mem": "max_mem"}
+    parameters = set(inspect.signature(budgettune.search).parameters)
+    keys = {own.get(key, key) for key in StudyTable.model_fields}
+    assert keys <= parameters, sorted(keys - parameters)

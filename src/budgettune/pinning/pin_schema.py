@@ -75,8 +75,8 @@ class PinFields(BaseModel):
         None, json_schema_extra={"allowed": "a date and time"}
     )
     # how a sharded pin was applied: a sentence (its wording changed over releases), printable
-    sharding: Annotated[str, Field(max_length=1000, pattern=_PRINTABLE)] | None = (
-        Field(None, json_schema_extra={"allowed": "one line of text, at most 1000 characters"})
+    sharding: Annotated[str, Field(max_length=1000, pattern=_PRINTABLE)] | None = Field(
+        None, json_schema_extra={"allowed": "one line of text, at most 1000 characters"}
     )
     study_name: Annotated[str, Field(pattern=STUDY_NAME)] | None = Field(
         None, json_schema_extra={"allowed": "a study name (letters, digits, '.', '_', '-')"}
