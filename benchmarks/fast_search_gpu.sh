@@ -19,6 +19,10 @@
 #                  3 on cards under 100 GB)
 #   gpt2m-before, gpt2m-after   GPT-2 medium (hf:gpt2, 24 x 1024, batch 8 x 1024) under
 #                  grid30's 10.521 GB, 20 trials, seed 0, likewise
+#   gpt2m-regional, gpt2m-mixed   the same GPT-2 medium search with --compile-scopes blocks
+#                  (regional compilation wherever it can run) or model,blocks (the search
+#                  chooses); vs-gpt2m-scopes: their newest pins and grid30's seed-0 pin head to
+#                  head; job-gpt2m-regional, job-gpt2m-mixed: their pins in cold jobs
 #   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
 #                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
 #   vs-gpt2m       the newest gpt2m-after pin against grid30's seed-0 pin, 3 rounds
@@ -85,7 +89,7 @@ search() {  # $1: the step (WORKLOAD-before|after), then the search's arguments
     n=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | wc -l)
     local name=$step-${n}gpu extra=()
     [ "$n" -gt 1 ] && extra+=(--gpus "$(seq -s, 0 $((n - 1)))")
-    if [ "$code" = after ]; then
+    if [ "$code" != before ]; then
         local per=${TRIALS_PER_GPU:-4}
         [ "$step" = l1-after ] && [ "$card_mib" -lt 100000 ] && per=${TRIALS_PER_GPU:-3}
         extra+=(--trials-per-gpu "$per")
@@ -103,11 +107,13 @@ search() {  # $1: the step (WORKLOAD-before|after), then the search's arguments
     echo "== $name: exit $code_, $(date -u +%FT%TZ)"
     tail -n 3 "$state/out/$name.txt"
 }
-versus() {  # $1: name, $2: the after pin, $3: the before pin
-    echo "== vs-$1: $2 against $3, $(date -u +%FT%TZ)"
-    python3 -m benchmarks.fast_search versus --pins "$2" "$3" --rounds 3 \
-        --out "$state/out/vs-$1.jsonl" --runs-dir "$state/runs-vs-$1" > "$state/out/vs-$1.txt" 2>&1
-    tail -n 2 "$state/out/vs-$1.txt"
+versus() {  # $1: name, then the pins (the after pin first, then the before pins)
+    local name=$1
+    shift
+    echo "== vs-$name: $*, $(date -u +%FT%TZ)"
+    python3 -m benchmarks.fast_search versus --pins "$@" --rounds 3 \
+        --out "$state/out/vs-$name.jsonl" --runs-dir "$state/runs-vs-$name" > "$state/out/vs-$name.txt" 2>&1
+    tail -n 3 "$state/out/vs-$name.txt"
 }
 job() {  # $1: name, $2: pin
     echo "== job-$1: $2, $(date -u +%FT%TZ)"
@@ -193,6 +199,10 @@ run_step() {
                    > "$state/out/check.txt" 2>&1; echo "== check: exit $?" ;;
         l1-before|l1-after) search "$1" "${l1[@]}" ;;
         gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
+        gpt2m-regional) search "$1" "${gpt2m[@]}" --compile-scopes blocks ;;
+        gpt2m-mixed) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
+        job-gpt2m-regional|job-gpt2m-mixed) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)
                versus l1 "$(newest l1-after)" "${before:-$l1_before}" ;;
         vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;

@@ -78,6 +78,8 @@ GOOD: dict[str, Any] = {
     "fix.aggressive_recomputation": True,
     "space.offload_every": [0, 1, 2],
     "fix.offload_every": 2,
+    "space.compile_scopes": ["model", "blocks"],
+    "fix.compile_scope": "blocks",
     "trial.warmup_steps": 1,
     "trial.timed_steps": 1,
     "trial.seed": 0,

@@ -134,6 +134,11 @@ def _not_expressed(pinned: PinnedConfig) -> list[str]:
             missed.append(f"the runtime estimator {spec.runtime_estimator}")
     if spec.is_compiled and spec.compile_mode != "default":
         missed.append(f"compile mode {spec.compile_mode}")
+    if spec.is_compiled and not spec.compiles_blocks:
+        missed.append(
+            "the compile of the whole model (torchtitan compiles block by block: search with "
+            "--compile-scopes blocks for pins it runs as measured)"
+        )
     for k in PARTITIONER_KNOBS:  # any other partitioner setting, as set on the pin
         value = getattr(spec, k.name)
         if k.name not in _EXPRESSED and value != k.default and k.relevant(spec):

@@ -257,8 +257,8 @@ class PinnedConfig:
             from budgettune.trial.recompute import prepare_model
             from budgettune.trial.scoped_forward import compile_forward_in_place
 
-            offload = prepare_model(model, self.spec, blocks, model_changes=self.model_changes)
-            compile_forward_in_place(model, self.spec, blocks_compiled=offload is not None)
+            prepare_model(model, self.spec, blocks, model_changes=self.model_changes)
+            compile_forward_in_place(model, self.spec, blocks_compiled=self.spec.compiles_blocks)
             return model
         mesh = mesh if mesh is not None else sharded_mesh(model, pinned_world, running_world)
         if mesh is not None:

@@ -142,7 +142,7 @@ def prepare(workload: Workload, spec: TrialSpec, device: torch.device) -> Prepar
         model, spec, workload.blocks, device.type, how="Workload(blocks=model.layers)"
     )
     optimizer = build_optimizer(workload, spec, model.parameters())
-    compiled = model if offload is not None else compile_model(model, spec)
+    compiled = model if spec.compiles_blocks else compile_model(model, spec)
     return PreparedStep(
         offload=offload,
         model=model,
@@ -207,7 +207,8 @@ def apply_to_model(
     offload = prepare_model(model, spec, blocks, model_changes=model_changes)
     if not spec.is_compiled:
         return model
-    call = model if offload is not None else compile_model(model, spec)
+    del offload  # its hooks sit on the blocks
+    call = model if spec.compiles_blocks else compile_model(model, spec)
     return scoped_module_class()(model, call, spec)
 
 
@@ -222,7 +223,8 @@ def prepare_model(
     offload, in place (see its arguments).
 
     Returns:
-        The offload hooks when the spec offloads (its blocks are then compiled already).
+        The offload hooks when the spec offloads. When ``spec.compiles_blocks`` the blocks
+        are compiled already (and the model must not be compiled as a whole).
 
     Raises:
         SpecError: on an unsupported spec or block AC without blocks.
@@ -244,9 +246,10 @@ def apply_to_blocks(
     *,
     how: str,
 ) -> tuple[tuple[str, ...], ActivationOffload | None]:
-    """Block AC, then offload, on the repeated blocks (``blocks``, else those found), with
-    the KV cache of any transformers model inside turned off; nothing when both knobs are off.
-    Shared by the trial (`prepare`) and the job (`prepare_model`).
+    """Block AC, then offload or the blocks' own compile (``compile_scope`` blocks), on the
+    repeated blocks (``blocks``, else those found), with the KV cache of any transformers
+    model inside turned off; nothing when the three knobs are off. Shared by the trial
+    (`prepare`) and the job (`prepare_model`).
 
     Returns:
         The model changes made (``use_cache=False``) and the offload hooks (None: no offload).
@@ -254,7 +257,7 @@ def apply_to_blocks(
     Raises:
         SpecError: no repeated blocks (the message says ``how`` to name them).
     """
-    if not (spec.block_ac_every or spec.offload_every):
+    if not (spec.block_ac_every or spec.offload_every or spec.compiles_blocks):
         return (), None
     found = repeated_blocks(spec, model, blocks, how)
     changes = turn_off_kv_cache(model)
@@ -267,6 +270,8 @@ def apply_to_blocks(
                 f"blocks, so this runs as {knob}=0",
                 stacklevel=2,
             )
+    if spec.compiles_blocks and not spec.offload_every:
+        compile_forwards(found, spec)  # regional compilation; offload compiles its own way
     return changes, apply_offload(model, found, spec, device_type)
 
 
@@ -280,8 +285,14 @@ def repeated_blocks(
             name them).
     """
     found = list(blocks) if blocks is not None else find_blocks(model)
-    if not found and (spec.block_ac_every or spec.offload_every):
-        knob = "block_ac_every" if spec.block_ac_every else "offload_every"
+    if not found and (spec.block_ac_every or spec.offload_every or spec.compiles_blocks):
+        knob = (
+            "block_ac_every"
+            if spec.block_ac_every
+            else "offload_every"
+            if spec.offload_every
+            else "compile_scope blocks"
+        )
         raise SpecError(f"{knob} needs repeated blocks: pass {how}")
     return found
 

@@ -23,41 +23,19 @@ from budgettune.trial.op_lists import (
     OP_NAME_PATTERN,  # noqa: F401 - re-exported
     check_op_names,
 )
+from budgettune.trial.relevance import (
+    CUDA_GRAPH_MODES,
+    below_one,
+    blocks_compile,
+    compiled,
+    offload_relevant,
+)
 
 EXPANDABLE = "expandable_segments:True"
 """The ``cuda_alloc_conf`` that ends the caching allocator's fragmentation (CUDA)."""
 
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 MAX_STEPS = 10_000
 """Bound of a trial's warm-up and timed steps (10^12 ran until killed: issue 48)."""
-"""Compile modes that capture CUDA graphs (their memory pool is overwritten at each replay)."""
-
-
-def _compiled(spec: TrialSpec) -> bool:
-    return spec.compile_mode != "eager"
-
-
-def _below_one(spec: TrialSpec) -> bool:
-    return spec.compile_mode != "eager" and spec.activation_memory_budget < 1.0
-
-
-def _offload_relevant(spec: TrialSpec) -> bool:
-    """Where ``offload_every`` can run and move something (the search samples it only there).
-
-    Eager, checkpoint's own hooks hold a checkpointed block's activations: with every block
-    under block AC nothing is left to move. CUDA graphs overwrite their pool at the next replay
-    while a copy to the host may still read it. Compiled block by block (as offload compiles),
-    a block under the op policy with a budget below 1 fails in AOTAutograd on torch 2.13 (a
-    tuple among the saved tensors; whole-model compile takes it), so the search leaves that
-    pairing out.
-    """
-    if spec.compile_mode in CUDA_GRAPH_MODES:
-        return False
-    if not spec.is_compiled:
-        return spec.block_ac_every != 1
-    selective = spec.block_ac_every and spec.block_ac_policy in ("op", "op_offload")
-    return not (selective and spec.activation_memory_budget < 1.0)
 
 
 def _ops(sign: str, ops: tuple[str, ...]) -> str | None:
@@ -89,7 +67,7 @@ class TrialSpec:
         help="inductor, or aot_eager_decomp_partition (same partitioner, no codegen)",
         applied_by="compile",
         plural="compile_backend",
-        relevant=_compiled,
+        relevant=compiled,
         study_wide=True,
         old_flag="--backend",
         old_plural="backend",
@@ -105,7 +83,7 @@ class TrialSpec:
         sampled="range",
         plural="activation_memory_budget_range",
         space_default=(0.0, 1.0),
-        relevant=_compiled,
+        relevant=compiled,
         old_flag="--budget",
         old_plural="budget",
         render=lambda s: f"budget {s.activation_memory_budget:.2f}",
@@ -117,7 +95,7 @@ class TrialSpec:
         functorch_key="activation_memory_budget_solver",
         sampled="choice",
         space_default=("dp", "greedy"),
-        relevant=_below_one,
+        relevant=below_one,
         old_flag="--solver",
         old_plural="solvers",
         render=lambda s: f"solver {s.knapsack_solver}" if s.knapsack_solver != "dp" else None,
@@ -129,7 +107,7 @@ class TrialSpec:
         functorch_key="activation_memory_budget_runtime_estimator",
         sampled="choice",
         space_default=("flops",),
-        relevant=_below_one,
+        relevant=below_one,
         old_flag="--estimator",
         old_plural="estimators",
         render=lambda s: (
@@ -196,8 +174,19 @@ class TrialSpec:
         sampled="choice",
         plural="offload_every",
         space_default=(0,),  # searched when a study lists strides: --offload-every 0,1,2
-        relevant=lambda s: _offload_relevant(s),
+        relevant=lambda s: offload_relevant(s),
         render=lambda s: f"offload every {s.offload_every}" if s.offload_every else None,
+    )
+    compile_scope: Literal["model", "blocks"] = knob(
+        "model",
+        help="model: one compile of the whole model; blocks: each repeated block compiled "
+        "(once, reused by its copies: regional compilation), the rest eager, the budget per "
+        "block (offload and sharded runs always compile so)",
+        applied_by="compile",
+        sampled="choice",
+        space_default=("model",),  # searched when a study lists blocks: --compile-scopes
+        relevant=lambda s: blocks_compile(s) and not s.offload_every,
+        render=lambda s: "compiled per block" if s.compile_scope == "blocks" else None,
     )
     optimizer_impl: Literal["as_written", "foreach", "fused"] = knob(
         "as_written",
@@ -226,7 +215,7 @@ class TrialSpec:
         functorch_key="aggressive_recomputation",
         sampled="choice",
         space_default=(False,),  # searched when a study lists true: the default space as it was
-        relevant=_compiled,
+        relevant=compiled,
         render=lambda s: "aggressive recompute" if s.aggressive_recomputation else None,
     )
     micro_batch: int = knob(
@@ -298,6 +287,11 @@ class TrialSpec:
     def is_compiled(self) -> bool:
         """Whether the model goes through `torch.compile` (the partitioner knobs matter)."""
         return self.compile_mode != "eager"
+
+    @property
+    def compiles_blocks(self) -> bool:
+        """Each repeated block compiled on its own, the rest eager (scope blocks, or offload)."""
+        return self.is_compiled and (self.compile_scope == "blocks" or self.offload_every > 0)
 
     @property
     def compiled_offload(self) -> bool:
