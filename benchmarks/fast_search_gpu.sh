@@ -37,7 +37,10 @@
 #                  not fit at budget 1.0 and half of it does); studies/llama-1b.toml searched at
 #                  that limit over micro-batches 1..32 (16 trials), then at the workload's own
 #                  batch alone (12 trials: issue 46's "b"); the two pins and the batch finder's
-#                  point head to head (2 rounds), and the batch pin in a cold job
+#                  point head to head (2 rounds), and the batch pin in a cold job; b46-llama-small:
+#                  the same at dim 1024 (16 heads, 4 KV heads, FFN 4096, 32000-token
+#                  vocabulary), 2 x 1024 rows as built: a model small enough that one row
+#                  leaves the GPU idle, where a larger micro-batch may pay for its recompute
 #   numerics       issue 45's GPU checks: tiny GPT-2 with dropout 0.1 and a tiny Mixtral
 #                  under budget 1.0, full and op block AC (inductor): loss and grad norm
 # A search's study is named STEP-NgpuS (its pin STEP-Ngpu-pin.json). Like wall_gpu.sh: the
@@ -147,6 +150,8 @@ batch_case() {  # $1: llama or llama32k (issue 46)
     case $name in
         llama) opts=(-o batch_size=8); own=8; micro=1,2,4,8,16,32 ;;
         llama32k) opts=(-o batch_size=4 -o seq_len=512 -o vocab_size=32000); own=4; micro=1,2,4,8,16,32 ;;
+        llama-small) opts=(-o dim=1024 -o n_heads=16 -o n_kv_heads=4 -o ffn_dim=4096
+                           -o vocab_size=32000 -o batch_size=2); own=2; micro=1,2,4,8,16,32 ;;
     esac
     local dir=$state/out/b46-$name runs=$state/runs-b46-$name b
     mkdir -p "$dir"
@@ -211,7 +216,7 @@ run_step() {
         job-gpt2m) job gpt2m "$(newest gpt2m-after)" ;;
         job-gpt2m-run2) job gpt2m-run2 "$run2" ;;
         numerics) numerics ;;
-        b46-llama|b46-llama32k) batch_case "${1#b46-}" ;;
+        b46-llama|b46-llama32k|b46-llama-small) batch_case "${1#b46-}" ;;
         *) echo "unknown step $1" ;;
     esac
 }
