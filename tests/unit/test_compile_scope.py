@@ -72,7 +72,9 @@ def test_the_step_compiles_one_block_for_all_and_computes_the_same() -> None:
     for spec in (COMPILED, BLOCKS):
         torch._dynamo.reset()
         counters.clear()
-        step = prepare(_workload(), spec.replace(activation_memory_budget=0.5), torch.device("cpu"))
+        step = prepare(
+            _workload(), spec.replace(activation_memory_budget=0.5), torch.device("cpu")
+        )
         loss = step.forward_loss()
         step.backward(loss)
         grads = [p.grad.clone() for p in step.model.parameters() if p.grad is not None]
@@ -141,3 +143,26 @@ def test_torchtitan_says_a_whole_model_compile_is_not_its_way(tmp_path) -> None:
 
     assert any("whole model" in text for text in config(COMPILED).not_expressed)
     assert not any("whole model" in text for text in config(BLOCKS).not_expressed)
+
+
+def test_a_search_of_one_scope_measures_its_baselines_in_it_too() -> None:
+    """``--compile-scopes blocks`` says how the job compiles: the baselines, the probes and the
+    structured points (all made from `as_given`) compile block by block too, so each "vs
+    baseline" compares like with like and no reference pays the whole-model compile."""
+    from budgettune.study.study import as_given, baseline_specs
+
+    def given(scopes: list[str] | None, **extra: object):
+        space: dict[str, object] = {"compile_backend": "aot_eager_decomp_partition"}
+        if scopes is not None:
+            space["compile_scopes"] = scopes
+        search = build_search_spec(
+            {"max_mem": "1GB", "num_trials": 20, "space": space, **extra}, default_device="cpu"
+        )
+        return search, as_given(search)
+
+    search, spec = given(["blocks"])
+    assert spec.compile_scope == "blocks"
+    assert {s.compile_scope for _, s in baseline_specs(search)} == {"blocks"}
+    assert given(["model", "blocks"])[1].compile_scope == "model"  # as the user's job runs
+    assert given(None)[1].compile_scope == "model"
+    assert given(["blocks"], fix={"compile_scope": "model"})[1].compile_scope == "model"

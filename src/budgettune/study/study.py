@@ -218,8 +218,13 @@ _SET_BY_BASELINES = ("activation_memory_budget", "block_ac_every", "block_ac_pol
 def as_given(search: SearchSpec) -> TrialSpec:
     """Compile at budget 1.0, no block AC, the optimizer and allocator as the user gave them,
     every other knob the search fixes (offload, ...) at its fixed value (the unconstrained
-    baseline; the other baselines change one thing of it)."""
+    baseline; the other baselines change one thing of it). A search that lists one compile
+    scope says how the job compiles (``--compile-scopes blocks``: block by block, as
+    torchtitan does), so the baselines compile so too."""
     held = {k: v for k, v in search.space.fixed.items() if k not in _SET_BY_BASELINES}
+    scopes = search.space.lists["compile_scopes"]
+    if len(scopes) == 1 and "compile_scope" not in held:
+        held["compile_scope"] = scopes[0]
     defaults: dict[str, Any] = {
         "compile_mode": "default",
         "compile_backend": search.space.compile_backend,
