@@ -91,3 +91,19 @@ def test_applying_a_pin_says_so_in_one_line(
     pinned.compile(nn.Linear(2, 2))
     err = capsys.readouterr().err.splitlines()
     assert err == [f"budgettune: applying pin best.json to Linear: {pinned.spec.describe()}"]
+
+
+def test_verify_takes_the_pin_as_export_spells_it_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export --pin PIN`` and ``verify --pin PIN``: the pin one way in both (the positional
+    still read); neither or both is one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["verify", "--pin", "nope.json"], ["verify", "nope.json"]):
+        done = runner.invoke(app, [*args, "--device", "cpu"])
+        assert done.exit_code == 2 and "nope.json" in done.stderr, done.output
+    for args in (["verify"], ["verify", "a.json", "--pin", "b.json"]):
+        done = runner.invoke(app, args)
+        assert done.exit_code == 2
+        assert "verify takes one pinned config" in done.stderr, done.output
+    assert "--pin" in _help(["verify"]) and "--pin" in _help(["export"])

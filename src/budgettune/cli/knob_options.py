@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from budgettune.errors import SpecError, UsageError
+from budgettune.study.batch import powers_of_two
 from budgettune.trial.knobs import Knob
 from budgettune.trial.spec import KNOBS
 
@@ -72,7 +73,10 @@ def search_parameters() -> list[inspect.Parameter]:
         elif k.study_wide:
             text = f"{k.help} (one per study)."
         else:
-            extra = "; 'default' for unset" if k.name == "cuda_alloc_conf" else ""
+            extra = {
+                "cuda_alloc_conf": "; 'default' for unset",
+                "micro_batch": ", or a range of powers of two, 1..32",
+            }.get(k.name, "")
             text = f"{k.help}: the values searched, comma-separated{extra}."
         option = typer.Option(*names, help=text, show_default=False)
         params.append(
@@ -139,7 +143,9 @@ def space_values(given: dict[str, Any]) -> dict[str, Any]:
         parts = [part.strip() for part in text.split(",") if part.strip()]
         what = k.plural_flag
         try:
-            if k.sampled == "range":
+            if k.name == "micro_batch" and ".." in text:
+                values[plural] = powers_of_two(text)  # 1..32: 1, 2, 4, ..., 32
+            elif k.sampled == "range":
                 values[plural] = [float(p) for p in parts]
                 if len(parts) != 2:
                     raise UsageError(f"{what} takes LOW,HIGH, e.g. 0.3,1.0")

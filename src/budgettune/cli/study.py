@@ -20,6 +20,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
+from budgettune.errors import UsageError
 from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, MAX_REVERIFY_RUNS, check_seconds
 
 
@@ -179,7 +180,20 @@ def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:
 @app.command()
 @handles_errors
 def verify(
-    pin_file: Annotated[Path, typer.Argument(help="A pinned config JSON.")],
+    pin_file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A pinned config JSON (or --pin, as export spells it).", show_default=False
+        ),
+    ] = None,
+    pin_option: Annotated[
+        Path | None,
+        typer.Option(
+            "--pin",
+            help="A pinned config JSON (the positional's other spelling).",
+            show_default=False,
+        ),
+    ] = None,
     runs: Annotated[
         int,
         typer.Option(
@@ -210,6 +224,10 @@ def verify(
     from the pinned one."""
     from budgettune.study.verify import verify_pin
 
+    if (pin_file is None) == (pin_option is None):
+        raise UsageError("verify takes one pinned config: budgettune verify PIN (or --pin PIN)")
+    pin_file = pin_file if pin_file is not None else pin_option
+    assert pin_file is not None
     check_count("--reverify-runs", runs, most=MAX_REVERIFY_RUNS)
     check_seconds("--trial-timeout-s", timeout)
     report = verify_pin(

@@ -53,6 +53,35 @@ def micro_batch_sizes(
     return kept
 
 
+MAX_MICRO_BATCH_RANGE = 2**20
+"""The largest end of a powers-of-two range of micro-batches (``1..32``)."""
+
+
+def powers_of_two(text: str) -> list[int]:
+    """The micro-batches a range names: ``"1..32"`` is 1, 2, 4, 8, 16, 32 (both ends powers of
+    two, the first no larger than the second).
+
+    Raises:
+        UsageError: text that is not such a range, in one line.
+    """
+    low_text, sep, high_text = text.strip().partition("..")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        low = high = 0
+    power = all(n & (n - 1) == 0 for n in (low, high))
+    if not (sep and power and 0 < low <= high <= MAX_MICRO_BATCH_RANGE):
+        raise UsageError(
+            f"micro-batches {text!r:.40}: a list (2,4,8) or a range of powers of two from LOW "
+            f"to HIGH (1..32), both powers of two up to {MAX_MICRO_BATCH_RANGE}"
+        )
+    sizes = []
+    while low <= high:
+        sizes.append(low)
+        low *= 2
+    return sizes
+
+
 def accumulated(spec: TrialSpec, global_batch: int) -> TrialSpec:
     """``spec`` with the accumulation that makes its micro-batch up to ``global_batch`` (as it
     is without a global batch or a micro-batch of its own)."""

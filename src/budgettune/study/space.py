@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from budgettune.errors import SpecError, UsageError
+from budgettune.study.batch import powers_of_two
 from budgettune.trial.knobs import Knob
 from budgettune.trial.op_lists import (
     DEFAULT_ADDABLE_OPS_CPU,  # noqa: F401 - re-exported
@@ -85,6 +86,11 @@ class SearchSpace:
                 + ", ".join(_LISTED_BY_PLURAL)
             )
         given = {**(lists or {}), **values}
+        if isinstance(given.get("micro_batches"), str):  # a range of powers of two: "1..32"
+            try:
+                given["micro_batches"] = powers_of_two(given["micro_batches"])
+            except UsageError as exc:
+                raise SpecError(str(exc)) from None
         # each value once, in the order given (a repeat was a second Optuna choice, and a
         # baseline's value outside the list then a traceback: issue 48)
         merged = {k.plural: _once(tuple(given.get(k.plural, k.space_default))) for k in LISTED}

@@ -174,7 +174,7 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
             if not (isinstance(value, (list, tuple)) and len(value) == 2):
                 raise UsageError(f"space.{key} must be [low, high], e.g. [0.0, 1.0]")
             space_values["budget_low"], space_values["budget_high"] = value
-        elif key == "compile_backend":
+        elif key == "compile_backend" or isinstance(value, str):  # micro_batches "1..32"
             space_values[key] = value
         else:
             space_values[key] = tuple(value)

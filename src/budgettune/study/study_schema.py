@@ -18,8 +18,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import JsonDict
 
-from budgettune.errors import SpecError, StudyFileError
+from budgettune.errors import SpecError, StudyFileError, UsageError
 from budgettune.schema import OneOf, first_problem
+from budgettune.study.batch import powers_of_two
 from budgettune.study.space import FIXABLE
 from budgettune.study.spec import (
     MAX_COUNT,
@@ -190,6 +191,16 @@ def _knob_key(k: Knob, kind: Any, *, allowed: str | None = None) -> tuple[Any, A
     return (kind | None, _key(k.help, allowed))
 
 
+def _micro_batches(value: list[int] | str) -> list[int]:
+    """A range of powers of two (``"1..32"``) as its sizes; a list as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return powers_of_two(value)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _space_keys() -> dict[str, Any]:
     keys: dict[str, Any] = {}
     for k in KNOBS:
@@ -202,6 +213,13 @@ def _space_keys() -> dict[str, Any]:
             )
         elif k.sampled == "subset":
             keys[k.plural] = _knob_key(k, list[OpName], allowed=_OPS_TEXT)
+        elif k.name == "micro_batch":  # a list, or a range of powers of two: "1..32"
+            sizes = Annotated[list[_value_type(k)], NON_EMPTY]  # type: ignore[misc]
+            keys[k.plural] = _knob_key(
+                k,
+                Annotated[sizes | str, AfterValidator(_micro_batches)],
+                allowed='a non-empty list of sizes, or a range of powers of two ("1..32")',
+            )
         elif k.sampled == "choice":
             text = (
                 f"a non-empty list of {_ALLOC_CONF_TEXT}" if k.name == "cuda_alloc_conf" else None
