@@ -48,12 +48,14 @@ def main(max_mem: str = "120MB", storage: str = "sqlite:///budgettune.db") -> No
     model = pinned.compile(workload.model)
     assert workload.optimizer is not None
     optimizer = pinned.optimizer(workload.optimizer(model.parameters()))
+    losses = []
     for _ in range(2):
         loss = workload.loss(model, workload.batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    print(f"trained 2 steps with the pin, loss {loss.item():.3f}")
+        losses.append(loss.item())
+    print(f"trained 2 steps with the pin, loss {losses[-1]:.3f}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,6 @@ fi
 python3 -m venv .venv  # an existing .venv is kept and reused
 .venv/bin/python -m pip install -q torch==2.13.0
 # compat: a .pth naming src/, so type checkers find the package as Python does (the default
-# editable mode installs an import hook, which mypy and pyright cannot follow)
+# editable mode installs an import hook, which mypy and pyright cannot follow; .ci/run runs both)
 .venv/bin/python -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
