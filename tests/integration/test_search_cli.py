@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -35,6 +36,7 @@ EAGER = [*FAST, "--fix", "compile_mode=eager"]
 # (tests/integration/test_trial_cli.py asserts that 0.2 is clearly lower); 125 MB lies between.
 LIMIT = "125MB"
 runner = CliRunner()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def _invoke(*args: str):
@@ -168,6 +170,22 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
     exported = _invoke("export", "--storage", db, "--output", str(tmp_path / "exported.json"))
     assert exported.exit_code == 0, exported.output
     assert json.loads((tmp_path / "exported.json").read_text())["schema_version"] == 1
+
+    # issue 47: the README's lines after a search, run as written (BUDGETTUNE_STORAGE, which
+    # every command reads, names this study's store, as the README's team section sets it)
+    for line in (
+        "budgettune workloads",
+        "budgettune show",
+        "budgettune export --output best.json",
+        "budgettune verify best.json",
+    ):
+        assert line in README, line
+        done = runner.invoke(app, shlex.split(line)[1:], env={"BUDGETTUNE_STORAGE": db})
+        assert done.exit_code == 0, (line, done.output)
+    assert (
+        json.loads((tmp_path / "best.json").read_text())["trial_number"]
+        == json.loads(pin_path.read_text())["trial_number"]
+    )
 
 
 def test_search_against_postgres(pg_url: str, tmp_path: Path, monkeypatch) -> None:

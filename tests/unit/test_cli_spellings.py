@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -107,3 +108,73 @@ def test_verify_takes_the_pin_as_export_spells_it_too(
         assert done.exit_code == 2
         assert "verify takes one pinned config" in done.stderr, done.output
     assert "--pin" in _help(["verify"]) and "--pin" in _help(["export"])
+
+
+#: The concepts every command spells alike (issue 47): the first name is the spelling, the
+#: others the older ones still read; each command that takes the concept takes exactly these.
+CONCEPTS = {
+    "storage": (
+        ("--storage-url", "--storage"),
+        ["search", "show", "export", "worker", "dashboard", "db upgrade"],
+    ),
+    "study": (("--study-name", "--study"), ["search", "show", "export", "worker"]),
+    "output": (("--output", "-o"), ["search", "export"]),  # export's -o: its old spelling
+    "pin": (("--pin",), ["export", "verify"]),
+    "trial timeout": (("--trial-timeout-s", "--timeout"), ["search", "trial", "verify"]),
+    "collective timeout": (
+        ("--collective-timeout-s", "--collective-timeout"),
+        ["search", "trial"],
+    ),
+    "re-runs": (("--reverify-runs", "--reverify", "--runs"), ["search", "verify"]),
+}
+#: Older spellings that mean one thing in one command and another elsewhere, read still.
+OLD_CLASHES = {
+    "-o": {"--option", "--output"},
+    "--seed": {"--sampler-seed", "--seed"},
+    "--trials": {"--num-trials", "--max-trials"},
+}
+
+
+def _commands() -> dict[str, object]:
+    import typer.main
+
+    root: Any = typer.main.get_command(app)
+    found: dict[str, object] = {}
+    for name, command in root.commands.items():
+        if hasattr(command, "commands"):  # a group (typer carries its own click)
+            for sub, inner in command.commands.items():
+                found[f"{name} {sub}"] = inner
+        else:
+            found[name] = command
+    return found
+
+
+def _options(command: Any) -> list[tuple[str, ...]]:
+    return [tuple(p.opts) for p in command.params if p.param_type_name == "option"]
+
+
+@pytest.mark.parametrize("concept", sorted(CONCEPTS))
+def test_every_command_spells_a_concept_alike(concept: str) -> None:
+    names, takers = CONCEPTS[concept]
+    commands = _commands()
+    for name, command in commands.items():
+        longs = {n for n in names if n.startswith("--")}  # -o is also search's --option
+        spelled = [opts for opts in _options(command) if set(opts) & longs]
+        if name in takers:
+            assert spelled and set(spelled[0]) >= set(names[:1]), (name, spelled)
+            assert set(spelled[0]) <= set(names), (name, spelled)
+        else:
+            assert not spelled, f"{name} takes {spelled} but is not listed for {concept}"
+
+
+def test_no_flag_means_two_things_but_the_old_spellings_listed() -> None:
+    meanings: dict[str, set[str]] = {}
+    for command in _commands().values():
+        for opts in _options(command):
+            primary = next((o for o in opts if o.startswith("--")), opts[0])
+            for flag in opts:
+                meanings.setdefault(flag, set()).add(primary)
+    clashes = {flag: seen for flag, seen in meanings.items() if len(seen) > 1}
+    assert {flag: seen for flag, seen in clashes.items() if flag not in OLD_CLASHES} == {}
+    for flag, seen in clashes.items():
+        assert seen <= OLD_CLASHES[flag] | {flag}, (flag, seen)

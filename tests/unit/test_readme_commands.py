@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,3 +60,51 @@ def test_the_scan_sees_a_bare_name(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text('import subprocess\nsubprocess.run(["budgettune", "show"])\n')
     assert _bare_program_calls(sample, tmp_path) == ["sample.py:2: budgettune"]
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    """Every ``budgettune ...`` line of the README's and the docs' shell blocks (a line that
+    ends in a backslash joined to the next; the ``# ...`` comment after it left off), with the
+    file it is in."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks, inside, shell = [], False, False
+        for text in path.read_text().splitlines():
+            if text.startswith("```"):
+                inside, shell = not inside, text.strip("`") in ("", "bash", "sh", "console")
+                if inside and shell:
+                    blocks.append("")
+            elif inside and shell:
+                blocks[-1] += text + "\n"
+        for block in blocks:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s+#\s.*$", "", line.strip())
+                for cmd in re.findall(r"(?:^|\$\()(?:\.venv/bin/)?(budgettune [^)]*)", line):
+                    found.append((path.name, cmd.strip()))
+    return found
+
+
+def test_every_command_the_readme_and_the_docs_show_parses() -> None:
+    """Each documented command line is accepted by the CLI as written: its command, every flag
+    and argument, every value's type (the CLI's own parser, nothing run; what they do is run
+    by the integration tests: test_search_cli's README walk, the CI's first command)."""
+    import shlex
+
+    import typer.main
+
+    from budgettune.cli import app
+
+    root: Any = typer.main.get_command(app)
+    commands = _documented_commands()
+    readme = [cmd for name, cmd in commands if name == "README.md"]
+    assert len(readme) >= 10 and len(commands) >= 30
+    for name, line in commands:
+        args = shlex.split(line)[1:]
+        command = root
+        while hasattr(command, "commands") and args and args[0] in command.commands:
+            command = command.commands[args.pop(0)]
+        assert not hasattr(command, "commands"), f"{name}: {line}: no such command"
+        try:
+            command.make_context(command.name, list(args))
+        except Exception as exc:  # click's usage errors: the documented line is wrong
+            raise AssertionError(f"{name}: {line}: {exc}") from None
