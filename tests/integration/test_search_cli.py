@@ -182,6 +182,9 @@ def test_search_pins_a_config_under_the_limit_and_resumes(tmp_path: Path, monkey
         assert line in README, line
         done = runner.invoke(app, shlex.split(line)[1:], env={"BUDGETTUNE_STORAGE": db})
         assert done.exit_code == 0, (line, done.output)
+    plotted = runner.invoke(app, ["show", "--plot", "study.png"], env={"BUDGETTUNE_STORAGE": db})
+    assert plotted.exit_code == 0 and "wrote study.png" in plotted.stderr, plotted.output
+    assert (tmp_path / "study.png").read_bytes()[:4] == b"\x89PNG"
     assert (
         json.loads((tmp_path / "best.json").read_text())["trial_number"]
         == json.loads(pin_path.read_text())["trial_number"]

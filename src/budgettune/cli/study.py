@@ -40,6 +40,16 @@ def show(
             "process's.",
         ),
     ] = False,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE",
+            help="Also write the dashboard's picture, peak memory against step time with the "
+            "limit, the baselines and the pin, to FILE.html (self-contained) or FILE.png.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Show a study: every trial, the best feasible, the Pareto front and the current pin."""
     import dataclasses
@@ -47,6 +57,16 @@ def show(
     from budgettune.present.report import study_report
     from budgettune.present.tables import pin_table, study_tables
 
+    if plot is not None:
+        from budgettune.present.plot import check_plot_output, write_plot
+        from budgettune.present.report import resolve_study_name
+        from budgettune.storage import open_storage
+        from budgettune.study.publish import study_views
+
+        target = check_plot_output(plot)  # before anything is read or drawn
+        store = open_storage(storage, create=False)
+        _, figure, _, _ = study_views(store, resolve_study_name(store, study))
+        stderr.print(f"wrote {write_plot(figure, target)}", highlight=False)
     if phases:
         from budgettune.present.phases import phase_summary, study_phases
 

@@ -61,11 +61,30 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
         StudyNotFoundError: no such study in the storage.
         StorageError: the storage could not be written.
     """
+    study, figure, note, count = study_views(storage, study_name)
+    name_objective(study)  # a study made before its objective was named
+    try:
+        optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=PLOT_ID)
+        optuna_dashboard.save_note(study, note)
+    except optuna.exceptions.StorageInternalError as exc:
+        raise StorageError(
+            f"storage {storage.display_url}: cannot publish the dashboard views of "
+            f"{study_name!r}: {exc}"
+        ) from exc
+    logger.debug("published dashboard views of %s (%d trials)", study_name, count)
+
+
+def study_views(storage: ViewStore, study_name: str) -> tuple[optuna.Study, Any, str, int]:
+    """A study's memory × time figure (plotly) and note, as the dashboard shows them (and
+    ``show --plot`` writes), with the study and its number of trials.
+
+    Raises:
+        StudyNotFoundError: no such study in the storage.
+    """
     try:
         study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
     except KeyError:
         raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
-    name_objective(study)  # a study made before its objective was named
     search = study.user_attrs.get(SEARCH_ATTR, {})
     study_limit = StudyLimit.of(search)
     metric = study_limit.mem_metric
@@ -87,15 +106,7 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
     note = study_note(
         study_name=study_name, search=search, points=points, num_failed=num_failed, pin=pin
     )
-    try:
-        optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=PLOT_ID)
-        optuna_dashboard.save_note(study, note)
-    except optuna.exceptions.StorageInternalError as exc:
-        raise StorageError(
-            f"storage {storage.display_url}: cannot publish the dashboard views of "
-            f"{study_name!r}: {exc}"
-        ) from exc
-    logger.debug("published dashboard views of %s (%d trials)", study_name, len(trials))
+    return study, figure, note, len(trials)
 
 
 def refresh_views(storage: ViewStore, study_name: str) -> None:

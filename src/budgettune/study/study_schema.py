@@ -214,10 +214,9 @@ def _space_keys() -> dict[str, Any]:
         elif k.sampled == "subset":
             keys[k.plural] = _knob_key(k, list[OpName], allowed=_OPS_TEXT)
         elif k.name == "micro_batch":  # a list, or a range of powers of two: "1..32"
-            sizes = Annotated[list[_value_type(k)], NON_EMPTY]  # type: ignore[misc]
             keys[k.plural] = _knob_key(
                 k,
-                Annotated[sizes | str, AfterValidator(_micro_batches)],
+                Annotated[Annotated[list[int], NON_EMPTY] | str, AfterValidator(_micro_batches)],
                 allowed='a non-empty list of sizes, or a range of powers of two ("1..32")',
             )
         elif k.sampled == "choice":

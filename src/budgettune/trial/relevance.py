@@ -5,10 +5,10 @@ only where it is relevant). Each reads only knobs declared above the one it serv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from budgettune.trial.spec import TrialSpec
+TrialSpec = Any
+"""A `budgettune.trial.spec.TrialSpec` (not imported: spec imports this module)."""
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """Compile modes that capture CUDA graphs (their memory pool is overwritten at each replay)."""
