@@ -353,6 +353,39 @@ def _check_options(ref: str, fn: Callable[..., Any], options: Mapping[str, Any])
             )
 
 
+BUILTIN_MAX_LAYERS = 1024
+"""The most blocks a built-in workload is built with (issue 48: ``-o n_layers=100000000`` built
+blocks until the host's memory ran out)."""
+BUILTIN_MAX_SIZE = 2**20
+"""The largest width, head count, vocabulary, batch or sequence of a built-in workload."""
+
+
+def _check_builtin_sizes(ref: str, fn: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    """Refuse a built-in workload's size option out of bounds, and on the CPU one whose
+    parameters, gradients and two optimizer moments (4 x the parameter bytes) would not fit in
+    the host's memory (counted on the meta device, so nothing is allocated), in one line."""
+    import torch
+
+    for name, value in options.items():
+        if name == "seed" or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
+        if not 1 <= value <= most:
+            raise WorkloadError(
+                f"workload {ref}: option {name} must be from 1 to {most}, got {value}"
+            )
+    meta = fn(torch.device("meta"), **options).model
+    need = 4 * sum(p.numel() * p.element_size() for p in meta.parameters())
+    import psutil
+
+    total = psutil.virtual_memory().total
+    if need > total:
+        raise WorkloadError(
+            f"workload {ref}: its parameters, gradients and optimizer moments alone need about "
+            f"{need / 1e9:.1f} GB, more than this host's {total / 1e9:.1f} GB of memory"
+        )
+
+
 def load_workload(
     ref: str, device: torch.device, options: Mapping[str, Any] | None = None
 ) -> Workload:
@@ -380,6 +413,8 @@ def load_workload(
     fn = _resolve(ref, parsed)
     _check_options(ref, fn, options)
     try:
+        if parsed.kind == "builtin" and device.type == "cpu":
+            _check_builtin_sizes(ref, fn, options)
         workload = fn(device, **options)
     except WorkloadError:
         raise  # already one line (the hf: builder's own checks)

@@ -139,3 +139,22 @@ def test_p13_db_upgrade_refuses_an_in_memory_database(url: str) -> None:
 def test_p14_an_error_message_is_bounded_for_the_api_too() -> None:
     message = str(UsageError("x" * 5_000_000))
     assert len(message) < 4_100 and "characters left out" in message
+
+
+def test_a_builtin_workload_too_large_for_the_host_is_refused_before_it_is_built() -> None:
+    """P4: ``-o n_layers=100000000`` built blocks until memory ran out; now the sizes are
+    bounded and, on the CPU, the parameters are counted on the meta device first."""
+    import torch
+
+    from budgettune.errors import WorkloadError
+    from budgettune.workload import BUILTIN_MAX_LAYERS, load_workload
+
+    cpu = torch.device("cpu")
+    for options, says in (
+        ({"n_layers": 10**8}, f"option n_layers must be from 1 to {BUILTIN_MAX_LAYERS}"),
+        ({"batch_size": 0}, "option batch_size must be from 1 to"),
+        ({"n_layers": 1024, "d_model": 8192, "n_heads": 8}, "more than this host's"),
+    ):
+        with pytest.raises(WorkloadError, match=says):
+            load_workload("builtin:tiny-gpt", cpu, options)
+    assert load_workload("builtin:tiny-gpt", cpu, {"n_layers": 2}).model is not None
