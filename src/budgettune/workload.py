@@ -27,6 +27,12 @@ from typing import TYPE_CHECKING, Any, cast
 from budgettune.blocks import find_blocks
 from budgettune.errors import WorkloadError, one_line
 from budgettune.hub import hub_config_folder, is_hub_id
+from budgettune.workload_builtins import (  # noqa: F401 - re-exported
+    BUILTIN_MAX_LAYERS,
+    BUILTINS,
+    BuiltinWorkload,
+    check_builtin_sizes,
+)
 from budgettune.workload_fingerprint import (  # noqa: F401 - re-exported
     WorkloadFingerprint,
     fingerprint,
@@ -58,45 +64,6 @@ class Workload:
     every rank after block AC and per-block compile; by default `fully_shard` on each block
     and at the root (torchtitan's order). Returns the model (or None: sharded in place)."""
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BuiltinWorkload:
-    """An entry of the built-in workload table (`budgettune workloads`)."""
-
-    name: str
-    """The name after ``builtin:``."""
-    target: str
-    """``pkg.module:fn`` of its builder."""
-    description: str
-    """One line for the listing."""
-    default_device: str
-    """``cpu`` or ``cuda``: where it is meant to run."""
-
-
-BUILTINS: tuple[BuiltinWorkload, ...] = (
-    BuiltinWorkload(
-        name="tiny-gpt",
-        target="budgettune.workloads.tiny_gpt:build",
-        description="4-layer GPT, d_model 256, B=4 T=192, fp32: ~0.3 s/step, ~140 MB on CPU",
-        default_device="cpu",
-    ),
-    BuiltinWorkload(
-        name="llama",
-        target="budgettune.workloads.llama:build",
-        description=(
-            "Llama-3.2-1B shape (GQA, bf16, untied head: 1.50B params), B=4 T=1024: "
-            "the GPU reference"
-        ),
-        default_device="cuda",
-    ),
-    BuiltinWorkload(
-        name="vit",
-        target="budgettune.workloads.vit:build",
-        description="ViT-B/16 shape (86M params, bf16), 224px images, B=64",
-        default_device="cuda",
-    ),
-)
-"""The built-in workloads, referenced as ``builtin:NAME``."""
 
 _ACCEPTED_FORMS = "builtin:NAME, hf:DIR_OR_TYPE, path/to/file.py:fn or pkg.module:fn"
 HF_INSTALL_HINT = "hf: workloads need transformers: pip install 'budgettune[hf]'"
@@ -353,47 +320,13 @@ def _check_options(ref: str, fn: Callable[..., Any], options: Mapping[str, Any])
             )
 
 
-BUILTIN_MAX_LAYERS = 1024
-"""The most blocks a built-in workload is built with (issue 48: ``-o n_layers=100000000`` built
-blocks until the host's memory ran out)."""
-BUILTIN_MAX_SIZE = 2**20
-"""The largest width, head count, vocabulary, batch or sequence of a built-in workload."""
-
-
-def _check_builtin_sizes(ref: str, fn: Callable[..., Any], options: Mapping[str, Any]) -> None:
-    """Refuse a built-in workload's size option out of bounds, and on the CPU one whose
-    parameters, gradients and two optimizer moments (4 x the parameter bytes) would not fit in
-    the host's memory (counted on the meta device, so nothing is allocated), in one line."""
-    import torch
-
-    for name, value in options.items():
-        if name == "seed" or isinstance(value, bool) or not isinstance(value, int):
-            continue
-        most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
-        if not 1 <= value <= most:
-            raise WorkloadError(
-                f"workload {ref}: option {name} must be from 1 to {most}, got {value}"
-            )
-    meta = fn(torch.device("meta"), **options).model
-    need = 4 * sum(p.numel() * p.element_size() for p in meta.parameters())
-    import psutil
-
-    total = psutil.virtual_memory().total
-    if need > total:
-        raise WorkloadError(
-            f"workload {ref}: its parameters, gradients and optimizer moments alone need about "
-            f"{need / 1e9:.1f} GB, more than this host's {total / 1e9:.1f} GB of memory"
-        )
-
-
 def load_workload(
     ref: str, device: torch.device, options: Mapping[str, Any] | None = None
 ) -> Workload:
     """Resolve a workload reference and build it: ``fn(device, **options)``.
 
-    Runs in the child. A file reference is imported from its path (its folder need not be a
-    package, and is put on `sys.path` so the file can import its siblings). When the builder
-    leaves ``blocks`` unset, they are found with `find_blocks`.
+    Runs in the child. A file reference is imported from its path (its folder put on
+    `sys.path`); ``blocks`` left unset are found with `find_blocks`.
 
     Args:
         ref: ``builtin:NAME``, ``path/to/file.py:fn`` or ``pkg.module:fn``.
@@ -414,7 +347,7 @@ def load_workload(
     _check_options(ref, fn, options)
     try:
         if parsed.kind == "builtin" and device.type == "cpu":
-            _check_builtin_sizes(ref, fn, options)
+            check_builtin_sizes(ref, fn, options)
         workload = fn(device, **options)
     except WorkloadError:
         raise  # already one line (the hf: builder's own checks)

@@ -47,6 +47,23 @@ HOSTILE: list[tuple[str, str]] = [
     ("ms-nan", json.dumps(GOOD).replace("10.0", "NaN")),
     ("options-list", json.dumps({**GOOD, "workload_options": [1]})),
     ("unknown-change", json.dumps({**GOOD, "model_changes": ["rm -rf /"]})),
+    # P7 of the fourth probe: the rest of the fields a reader uses
+    ("fp-cuda-list", json.dumps({**GOOD, "fingerprint": {"cuda_version": [1]}})),
+    ("fp-device-escape", json.dumps({**GOOD, "fingerprint": {"device_name": "\x1b[2JEVIL"}})),
+    ("fp-workload-str", json.dumps({**GOOD, "fingerprint": {"workload": "x"}})),
+    ("fp-digest-list", json.dumps({**GOOD, "fingerprint": {"workload": {"digest": [1]}}})),
+    ("range-three", json.dumps({**GOOD, "measured": {**GOOD["measured"],
+                                                    "step_time_range_ms": [1, 2, 3]}})),
+    ("range-words", json.dumps({**GOOD, "measured": {**GOOD["measured"],
+                                                    "step_time_range_ms": ["a", "b"]}})),
+    ("per-rank-ints", json.dumps({**GOOD, "measured": {**GOOD["measured"],
+                                                      "per_rank": [1, 2]}})),
+    ("per-rank-words", json.dumps({**GOOD, "measured": {**GOOD["measured"],
+                                                       "per_rank": [{"rank": "x"}]}})),
+    ("per-rank-huge", json.dumps({**GOOD, "measured": {**GOOD["measured"],
+                                                      "per_rank": [{"rank": 10**7}]}})),
+    ("schema-true", json.dumps({**GOOD, "schema_version": True})),
+    ("spec-empty", json.dumps({**GOOD, "spec": {}})),
 ]  # fmt: skip
 
 

@@ -37,6 +37,61 @@ _OBJECT: JsonDict = {"allowed": "a JSON object"}
 _REFERENCE: JsonDict = {"allowed": "a JSON object or null"}
 
 
+_TEXT = Annotated[str, Field(max_length=400, pattern=_PRINTABLE)]
+"""A short printable text a pin records (a version, a device name, a digest)."""
+
+
+class _WorkloadFingerprintFields(BaseModel):
+    """The workload part of a pin's fingerprint (`workload_fingerprint`)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    param_count: Annotated[int, Field(ge=0, le=MAX_BYTES)] | None = None
+    param_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES)] | None = None
+    digest: _TEXT | None = None
+
+
+class _FingerprintFields(BaseModel):
+    """A pin's ``fingerprint``: what it was measured on (`PinFingerprint`)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    torch_version: _TEXT | None = None
+    cuda_version: _TEXT | None = None
+    device_name: _TEXT | None = None
+    workload: _WorkloadFingerprintFields | None = None
+
+
+_BYTES = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+
+
+class _RankFields(BaseModel):
+    """One rank's figures in a sharded pin's ``measured.per_rank`` (`RankPeak`)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    peak_worst_bytes: _BYTES | None = None
+    peak_allocated_bytes: _BYTES | None = None
+    steady_bytes: _BYTES | None = None
+    step_time_ms: Annotated[float, Field(ge=0, le=MAX_MS)] | None = None
+
+
+class _MeasuredFields(BaseModel):
+    """The parts of a pin's ``measured`` whose shape `PinMeasured` reads without a check of its
+    own (the figures are `check_figures`'); the rest as it is."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    step_time_range_ms: (
+        Annotated[
+            list[Annotated[float, Field(ge=0, le=MAX_MS)]], Field(min_length=2, max_length=2)
+        ]
+        | None
+    ) = None
+    per_rank: list[_RankFields] | None = None
+
+
 class PinFields(BaseModel):
     """The fields of a pinned document (schema v1) read besides its spec, by type and range.
 
@@ -59,8 +114,12 @@ class PinFields(BaseModel):
     workload_options: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
     model_changes: list[str] | None = None
     dropout: list[str] | None = None
-    measured: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
-    fingerprint: dict[str, Any] | None = Field(None, json_schema_extra=_OBJECT)
+    schema_version: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
+    spec: Annotated[dict[str, Any], Field(min_length=1)] | None = Field(
+        None, json_schema_extra={"allowed": "a JSON object naming the configuration"}
+    )
+    measured: _MeasuredFields | None = Field(None, json_schema_extra=_OBJECT)
+    fingerprint: _FingerprintFields | None = Field(None, json_schema_extra=_OBJECT)
     baseline: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     full_ac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     op_sac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
