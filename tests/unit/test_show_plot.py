@@ -56,3 +56,26 @@ def test_a_link_a_folder_or_a_fifo_is_refused(tmp_path: Path) -> None:
     assert (tmp_path / "real.html").read_text() == "mine"
     with pytest.raises(UsageError, match="cannot write into"):
         check_plot_output(str(tmp_path / "missing" / "study.html"))
+
+
+def test_the_note_says_why_optunas_best_trial_is_not_the_pin() -> None:
+    """The dashboard's own "Best Trial" card shows Optuna's fastest trial, which may be over the
+    limit: the note names it beside the pin when they differ (issue 47)."""
+    from budgettune.pinning import parse_pin
+    from budgettune.present.dashboard_views import study_note
+    from budgettune.trial.spec import TrialSpec
+
+    document = {
+        "schema_version": 1, "spec": TrialSpec().to_json_dict(), "workload": "builtin:tiny-gpt",
+        "limit_bytes": 10**9, "mem_metric": "device", "trial_number": 8,
+        "measured": {"runs": 3, "peak_worst_bytes": 9 * 10**8, "step_time_ms": 50.0},
+    }  # fmt: skip
+    pin = parse_pin(document, source="pin.json").pin
+    said = "Optuna's own *Best Trial* card shows trial 19"
+    assert said in study_note(study_name="s", search={}, points=[], num_failed=0, pin=pin,
+                              optuna_best=19)  # fmt: skip
+    for same in (8, None):
+        note = study_note(
+            study_name="s", search={}, points=[], num_failed=0, pin=pin, optuna_best=same
+        )
+        assert "Best Trial" not in note

@@ -252,9 +252,12 @@ def study_note(
     points: Sequence[TrialPoint],
     num_failed: int,
     pin: PinDocument | None,
+    optuna_best: int | None = None,
 ) -> str:
     """The study note (Markdown): the workload and limit, trial counts, and the current pin
-    with its peak against the limit, step time, slowdown and the optimizer-phase advice."""
+    with its peak against the limit, step time, slowdown and the optimizer-phase advice;
+    ``optuna_best``: the trial Optuna's own "Best Trial" card shows, said apart from the pin
+    where they differ."""
     study_limit = StudyLimit.of(search)
     metric, limit, margin = study_limit.mem_metric, study_limit.max_mem_bytes, study_limit.margin
     counts = {kind: sum(p.kind == kind for p in points) for kind in (FEASIBLE, INFEASIBLE, OOM)}
@@ -295,11 +298,23 @@ def study_note(
             else []
         )
         runs = "?" if measured.runs is None else measured.runs
+        differs = optuna_best is not None and optuna_best != pin.trial_number
         lines += [
             f"### Current pin: trial {pin.trial_number}",
             "",
             code_span(pin.spec.describe()),
             "",
+            *(
+                [
+                    f"Optuna's own *Best Trial* card shows trial {optuna_best}: the fastest by "
+                    "the objective alone, whether or not it fits the limit and before the "
+                    f"re-measurements. The pin is trial {pin.trial_number}: the fastest that "
+                    "fits, as re-measured in fresh processes.",
+                    "",
+                ]
+                if differs
+                else []
+            ),
             "| | |",
             "|---|---|",
             f"| peak {pin.mem_metric} (worst of {runs} re-measurements) "

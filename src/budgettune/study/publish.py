@@ -103,8 +103,17 @@ def study_views(storage: ViewStore, study_name: str) -> tuple[optuna.Study, Any,
     figure = memory_time_figure(
         points, limit_bytes=study_limit.max_mem_bytes, mem_metric=metric, pin=pin
     )
+    try:
+        optuna_best: int | None = study.best_trial.number
+    except ValueError:  # no complete trial yet
+        optuna_best = None
     note = study_note(
-        study_name=study_name, search=search, points=points, num_failed=num_failed, pin=pin
+        study_name=study_name,
+        search=search,
+        points=points,
+        num_failed=num_failed,
+        pin=pin,
+        optuna_best=optuna_best,
     )
     return study, figure, note, len(trials)
 
