@@ -39,7 +39,7 @@ def first_problem(model: type[BaseModel], values: Mapping[str, Any]) -> Problem 
         return Problem(
             key=key,
             allowed=allowed(_properties(model)[key]),
-            missing=error["type"] == "missing",
+            missing=error["type"] == "missing" and len(error["loc"]) == 1,  # not a nested key
         )
     return None
 

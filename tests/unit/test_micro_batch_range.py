@@ -18,7 +18,9 @@ from budgettune.study.study_file import build_search_spec, read_study_file
 def test_a_range_names_the_powers_of_two_between_its_ends() -> None:
     assert powers_of_two("1..32") == [1, 2, 4, 8, 16, 32]
     assert powers_of_two(" 4..4 ") == [4]
-    for bad in ("3..8", "8..2", "0..4", "1..", "x..y", "1..3", "1-32", "2..2097152", "1..8..16"):
+    bad_ranges = ("3..8", "8..2", "0..4", "1..", "x..y", "1..3", "1-32", "2..2097152", "1..8..16",
+                  "\u0661..\u0668", "1..1_6")  # fmt: skip
+    for bad in bad_ranges:
         with pytest.raises(UsageError, match="range of powers of two"):
             powers_of_two(bad)
 

@@ -79,3 +79,27 @@ def test_the_note_says_why_optunas_best_trial_is_not_the_pin() -> None:
             study_name="s", search={}, points=[], num_failed=0, pin=pin, optuna_best=same
         )
         assert "Best Trial" not in note
+
+
+def test_the_database_and_a_file_budgettune_did_not_write_are_never_replaced(
+    tmp_path: Path,
+) -> None:
+    """The fifth probe: ``show --storage db.html --plot db.html`` replaced the study with the
+    picture, and any .html or .png was replaced without a word."""
+    database = tmp_path / "db.html"
+    database.write_bytes(b"SQLite format 3\x00")
+    with pytest.raises(UsageError, match="is the study's database"):
+        check_plot_output(str(database), protected=[database])
+    mine = tmp_path / "notes.html"
+    mine.write_text("my notes")
+    with pytest.raises(UsageError, match="not a plot budgettune wrote.*--force"):
+        check_plot_output(str(mine))
+    assert mine.read_text() == "my notes"
+    write_plot(_figure(), check_plot_output(str(mine), force=True))
+    for name in ("again.html", "again.png"):  # a plot budgettune wrote is replaced freely
+        path = tmp_path / name
+        write_plot(_figure(), check_plot_output(str(path)))
+        write_plot(_figure(), check_plot_output(str(path)))
+    with pytest.raises(UsageError) as caught:
+        check_plot_output(str(tmp_path / "x\x1b[2J\nname.txt"))
+    assert "\x1b" not in str(caught.value) and "\n" not in str(caught.value)

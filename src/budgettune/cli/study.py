@@ -20,7 +20,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, terminal_safe
 from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, MAX_REVERIFY_RUNS, check_seconds
 
 
@@ -50,6 +50,10 @@ def show(
             show_default=False,
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace a --plot file that is not a plot budgettune wrote."),
+    ] = False,
 ) -> None:
     """Show a study: every trial, the best feasible, the Pareto front and the current pin."""
     import dataclasses
@@ -63,10 +67,13 @@ def show(
         from budgettune.storage import open_storage
         from budgettune.study.publish import study_views
 
-        target = check_plot_output(plot)  # before anything is read or drawn
+        # before anything is read or drawn; never the study's database, whatever its name
+        target = check_plot_output(plot, protected=files_read(storage), force=force)
         store = open_storage(storage, create=False)
         _, figure, _, _ = study_views(store, resolve_study_name(store, study))
-        stderr.print(f"wrote {write_plot(figure, target)}", highlight=False)
+        written = write_plot(figure, target)
+        shown = terminal_safe(str(written), 200).replace("\n", "\\n")
+        stderr.print(f"wrote {shown}", highlight=False, markup=False)
     if phases:
         from budgettune.present.phases import phase_summary, study_phases
 

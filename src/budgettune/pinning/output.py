@@ -31,11 +31,16 @@ def read_pin_bytes(path: object) -> bytes:
 
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"a pin's path is a str or a Path, not {type(path).__name__}")
+    if not str(path):
+        raise OSError("an empty path names no file")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):  # before fdopen: a folder's error named the fd
+        os.close(fd)
+        raise OSError(
+            "a folder, not a file" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+        )
     with os.fdopen(fd, "rb") as handle:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise OSError("not a regular file")
         if status.st_size > PIN_SIZE_LIMIT:
             raise OSError(f"larger than {PIN_SIZE_LIMIT >> 20} MiB: no pin budgettune wrote")
         data = handle.read(PIN_SIZE_LIMIT + 1)

@@ -118,8 +118,20 @@ class PinFields(BaseModel):
     spec: Annotated[dict[str, Any], Field(min_length=1)] | None = Field(
         None, json_schema_extra={"allowed": "a JSON object naming the configuration"}
     )
-    measured: _MeasuredFields | None = Field(None, json_schema_extra=_OBJECT)
-    fingerprint: _FingerprintFields | None = Field(None, json_schema_extra=_OBJECT)
+    measured: _MeasuredFields | None = Field(
+        None,
+        json_schema_extra={
+            "allowed": "a JSON object of figures: step_time_range_ms two step times, per_rank "
+            "a list of objects each with its rank"
+        },
+    )
+    fingerprint: _FingerprintFields | None = Field(
+        None,
+        json_schema_extra={
+            "allowed": "a JSON object of short printable texts (torch_version, cuda_version, "
+            "device_name, workload.digest) and counts (workload.param_count, param_bytes)"
+        },
+    )
     baseline: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     full_ac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)
     op_sac: dict[str, Any] | None = Field(None, json_schema_extra=_REFERENCE)

@@ -14,10 +14,11 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import BudgettuneError, UsageError
+from budgettune.errors import BudgettuneError, UsageError, terminal_safe
 
 PLOT_SUFFIXES = (".html", ".png")
 """The files ``--plot`` writes."""
@@ -25,28 +26,62 @@ PLOT_SUFFIXES = (".html", ".png")
 _MARKERS = {"circle": "o", "x": "x", "x-thin-open": "1", "star": "*"}
 
 
-def check_plot_output(path: str) -> Path:
+MARK = "budgettune show --plot"
+"""What a plot budgettune wrote carries (an HTML comment, the PNG's Software text), so that
+``--plot`` replaces only such a file without ``--force`` (the fifth probe: it replaced any)."""
+
+
+def _shown(path: str) -> str:
+    """A path as one printable line (its newlines and control characters as escapes)."""
+    return terminal_safe(path, 200).replace("\n", "\\n")
+
+
+def is_written_plot(path: Path) -> bool:
+    """Whether ``path`` holds a plot budgettune wrote (its mark near the start)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8192)
+    except OSError:
+        return False
+    return MARK.encode() in head
+
+
+def check_plot_output(path: str, *, protected: Sequence[Path] = (), force: bool = False) -> Path:
     """The plot's path, refused in one line where it cannot or must not be written.
 
     Raises:
-        UsageError: another suffix, a folder, a link, a special file, or a folder that cannot
-            be written into.
+        UsageError: another suffix, a folder, a link, a special file, a file ``protected``
+            names (the study's database, whatever its name), an existing file that is not a
+            plot budgettune wrote (unless ``force``), or a folder that cannot be written into.
     """
     target = Path(path)
+    shown = _shown(path)
     if path.endswith(("/", os.sep)) or target.suffix.lower() not in PLOT_SUFFIXES:
-        raise UsageError(f"--plot {path!r:.200}: name a .html or a .png file")
+        raise UsageError(f"--plot {shown}: name a .html or a .png file")
+    for other in protected:
+        try:
+            same = target.resolve() == other.resolve()
+        except (OSError, RuntimeError):
+            same = False
+        if same:
+            raise UsageError(f"--plot {shown} is the study's database: name another file")
     try:
         status = target.lstat()
     except FileNotFoundError:
         status = None
     except OSError as exc:
-        raise UsageError(f"--plot {target}: {exc.strerror or exc}") from None
+        raise UsageError(f"--plot {shown}: {exc.strerror or exc}") from None
     if status is not None and not stat.S_ISREG(status.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(status.st_mode) else "not a regular file"
-        raise UsageError(f"--plot {target} is {kind}: name a file to write")
+        raise UsageError(f"--plot {shown} is {kind}: name a file to write")
+    if status is not None and not force and not is_written_plot(target):
+        raise UsageError(
+            f"--plot {shown} exists and is not a plot budgettune wrote; name another file, or "
+            "pass --force to replace it"
+        )
     folder = target.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"--plot {target}: cannot write into {folder}")
+        raise UsageError(f"--plot {shown}: cannot write into {_shown(str(folder))}")
     return target
 
 
@@ -57,7 +92,8 @@ def write_plot(figure: Any, path: Path) -> Path:
         BudgettuneError: matplotlib is missing for a PNG, or the file cannot be written.
     """
     if path.suffix.lower() == ".html":
-        data = figure.to_html(include_plotlyjs=True, full_html=True).encode()
+        html = figure.to_html(include_plotlyjs=True, full_html=True)
+        data = f"<!-- {MARK} -->\n{html}".encode()
     else:
         data = _png(figure)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -124,7 +160,7 @@ def _png(figure: Any) -> bytes:
         ax.grid(color="#e6e6e6")
         ax.legend(fontsize=8, loc="best")
         out = io.BytesIO()
-        fig.savefig(out, format="png", bbox_inches="tight")
+        fig.savefig(out, format="png", bbox_inches="tight", metadata={"Software": MARK})
         return out.getvalue()
     finally:
         plt.close(fig)

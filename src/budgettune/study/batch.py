@@ -64,13 +64,12 @@ def powers_of_two(text: str) -> list[int]:
     Raises:
         UsageError: text that is not such a range, in one line.
     """
-    low_text, sep, high_text = text.strip().partition("..")
-    try:
-        low, high = int(low_text), int(high_text)
-    except ValueError:
-        low = high = 0
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]{1,8})\.\.([0-9]{1,8})\s*", text)  # ASCII digits only
+    low, high = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
     power = all(n & (n - 1) == 0 for n in (low, high))
-    if not (sep and power and 0 < low <= high <= MAX_MICRO_BATCH_RANGE):
+    if not (match and power and 0 < low <= high <= MAX_MICRO_BATCH_RANGE):
         raise UsageError(
             f"micro-batches {text!r:.40}: a list (2,4,8) or a range of powers of two from LOW "
             f"to HIGH (1..32), both powers of two up to {MAX_MICRO_BATCH_RANGE}"
