@@ -31,6 +31,7 @@ from budgettune.workload_builtins import (  # noqa: F401 - re-exported
     BUILTIN_MAX_LAYERS,
     BUILTINS,
     BuiltinWorkload,
+    check_builtin_bounds,
     check_builtin_sizes,
 )
 from budgettune.workload_fingerprint import (  # noqa: F401 - re-exported
@@ -150,8 +151,9 @@ def _defines(tree: ast.Module, name: str) -> bool:
     return False
 
 
-def check_reference(ref: str) -> None:
-    """Check a workload reference in the parent, without importing user code or torch.
+def check_reference(ref: str, options: Mapping[str, Any] | None = None) -> None:
+    """Check a workload reference in the parent, without importing user code or torch (and a
+    built-in's size ``options`` against their bounds).
 
     ``builtin:NAME`` must name a built-in; for ``path/to/file.py:fn`` the file must exist and
     define ``fn`` at top level (read with `ast`); for ``pkg.module:fn`` the module must be
@@ -161,6 +163,8 @@ def check_reference(ref: str) -> None:
         WorkloadError: with one line saying what is wrong and the accepted forms.
     """
     parsed = _reference(ref)
+    if parsed.kind == "builtin" and options:
+        check_builtin_bounds(ref, options)
     if parsed.kind == "hf":
         if importlib.util.find_spec("transformers") is None:
             raise WorkloadError(HF_INSTALL_HINT)

@@ -55,6 +55,27 @@ BUILTIN_MAX_LAYERS, BUILTIN_MAX_SIZE = 1024, 2**20
 """The most blocks, and the largest other size option, of a built-in workload."""
 
 
+def check_builtin_bounds(ref: str, options: Mapping[str, Any]) -> None:
+    """The bounds of a built-in's size options, in the parent (no torch): each an integer
+    from 1 to its bound (the fifth probe: refused only in the trial child, exit 1).
+
+    Raises:
+        WorkloadError: in one line.
+    """
+    for name, value in options.items():
+        if name in ("seed", "rope_theta") or isinstance(value, bool | str):
+            continue
+        most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
+        if not isinstance(value, int):
+            raise WorkloadError(
+                f"workload {ref}: option {name} must be an integer, got {value!r:.40}"
+            )
+        if not 1 <= value <= most:
+            raise WorkloadError(
+                f"workload {ref}: option {name} must be from 1 to {most}, got {value}"
+            )
+
+
 def check_builtin_sizes(ref: str, fn: Callable[..., Any], options: Mapping[str, Any]) -> None:
     """Refuse a built-in's size option out of bounds, and one whose parameters, gradients and
     two moments (counted on the meta device) exceed the host's memory (issue 48, P4)."""

@@ -158,3 +158,21 @@ def test_a_builtin_workload_too_large_for_the_host_is_refused_before_it_is_built
         with pytest.raises(WorkloadError, match=says):
             load_workload("builtin:tiny-gpt", cpu, options)
     assert load_workload("builtin:tiny-gpt", cpu, {"n_layers": 2}).model is not None
+
+
+def test_a_builtin_size_out_of_bounds_is_refused_by_the_parent(tmp_path: Path) -> None:
+    """The fifth probe (P5-4): refused in the trial child it was "trial crashed", exit 1,
+    after seconds; the parent refuses it first, exit 2, before any trial or study."""
+    from budgettune.errors import WorkloadError
+    from budgettune.workload import check_reference
+
+    for options, says in (({"n_layers": 0}, "from 1 to 1024"), ({"n_layers": 1e3}, "an integer")):
+        with pytest.raises(WorkloadError, match=says):
+            check_reference("builtin:tiny-gpt", options)
+    check_reference("builtin:llama", {"rope_theta": 10000.0, "n_layers": 2})  # a float option
+    db = tmp_path / "b.db"
+    for command in (["trial"], ["search", "--max-mem", "1GB", "--storage-url", str(db)]):
+        result = runner.invoke(app, [*command, "-w", "builtin:tiny-gpt", "--device", "cpu",
+                                     "-o", "n_layers=0"])  # fmt: skip
+        assert result.exit_code == 2 and "n_layers must be from 1" in result.stderr, result.output
+    assert not db.exists()

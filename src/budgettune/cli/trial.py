@@ -113,7 +113,7 @@ def trial(
     spec = TrialSpec(**spec_values(knobs or {}))
     check_seconds("--trial-timeout-s", timeout)
     check_seconds("--collective-timeout-s", collective_timeout)
-    check_reference(workload)
+    check_reference(workload, parse_options(option))
     chosen_device = default_device(workload) if device is None else device
     run = TrialRun(
         spec=spec,

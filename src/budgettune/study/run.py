@@ -44,7 +44,7 @@ def run_search(
         KeyboardInterrupt: after the running trial is failed and queued again (`Terminated`
             for SIGTERM); finished ones are kept.
     """
-    check_reference(search.workload)
+    check_reference(search.workload, search.workload_options)
     database = next(iter(storage_files(search.storage_url)), None)
     if search.num_trials == 0 and database is not None and not database.exists():
         # refused before the storage is opened, which would make an empty database (issue 48)

@@ -169,7 +169,7 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
     if job.runs_dir is not None:
         overrides["runs_dir"] = job.runs_dir
     search = SearchSpec.from_json_dict(stored, **overrides)
-    check_reference(search.workload)
+    check_reference(search.workload, search.workload_options)
     check_device_available(search.device)
     with Searcher(search, store, observer, add_trials=False) as searcher:
         with database_errors(store.url):
