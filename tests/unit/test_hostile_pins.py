@@ -62,6 +62,9 @@ HOSTILE: list[tuple[str, str]] = [
                                                        "per_rank": [{"rank": "x"}]}})),
     ("per-rank-huge", json.dumps({**GOOD, "measured": {**GOOD["measured"],
                                                       "per_rank": [{"rank": 10**7}]}})),
+    ("range-reversed", json.dumps({**GOOD, "measured": {**GOOD["measured"],
+                                                       "step_time_range_ms": [2, 1]}})),
+    ("fp-batch-str", json.dumps({**GOOD, "fingerprint": {"workload": {"batch": "x"}}})),
     ("schema-true", json.dumps({**GOOD, "schema_version": True})),
     ("spec-empty", json.dumps({**GOOD, "spec": {}})),
 ]  # fmt: skip

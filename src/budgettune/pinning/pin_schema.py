@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 
 from budgettune.pinning.document import PinDocument
@@ -49,6 +49,7 @@ class _WorkloadFingerprintFields(BaseModel):
     param_count: Annotated[int, Field(ge=0, le=MAX_BYTES)] | None = None
     param_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES)] | None = None
     digest: _TEXT | None = None
+    batch: list[_TEXT] | None = None  # each batch tensor's dtype and shape: "int64[4, 100]"
 
 
 class _FingerprintFields(BaseModel):
@@ -90,6 +91,13 @@ class _MeasuredFields(BaseModel):
         | None
     ) = None
     per_rank: list[_RankFields] | None = None
+
+    @field_validator("step_time_range_ms")
+    @classmethod
+    def _low_then_high(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and value[0] > value[1]:
+            raise ValueError("the fastest time first")
+        return value
 
 
 class PinFields(BaseModel):

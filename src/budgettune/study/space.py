@@ -137,11 +137,12 @@ class SearchSpace:
             if not values:
                 raise SpecError(f"{k.plural} must list at least one value")
             if k.value_type is int and not k.choices:
+                what = "sizes" if k.name == "micro_batch" else "strides"
                 if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
-                    raise SpecError(f"{k.plural} must list integer strides, got {list(values)}")
+                    raise SpecError(f"{k.plural} must list integer {what}, got {list(values)}")
                 if any(v < 0 for v in values):
                     raise SpecError(
-                        f"{k.plural} must list non-negative strides, got {list(values)}"
+                        f"{k.plural} must list non-negative {what}, got {list(values)}"
                     )
             for value in values:
                 if k.choices and (
