@@ -77,22 +77,12 @@ def check_builtin_bounds(ref: str, options: Mapping[str, Any]) -> None:
 
 
 def check_builtin_sizes(ref: str, fn: Callable[..., Any], options: Mapping[str, Any]) -> None:
-    """Refuse a built-in's size option out of bounds, and one whose parameters, gradients and
-    two moments (counted on the meta device) exceed the host's memory (issue 48, P4)."""
+    """`check_builtin_bounds`, then refuse a built-in whose parameters, gradients and two
+    moments (counted on the meta device) exceed the host's memory (issue 48, P4)."""
     import psutil
     import torch
 
-    for name, value in options.items():
-        most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
-        if (
-            name != "seed"
-            and isinstance(value, int)
-            and not isinstance(value, bool)
-            and not 1 <= value <= most
-        ):
-            raise WorkloadError(
-                f"workload {ref}: option {name} must be from 1 to {most}, got {value}"
-            )
+    check_builtin_bounds(ref, options)  # as the parent did (a pin's options come here first)
     meta = fn(torch.device("meta"), **options).model
     need, total = 4 * sum(p.nbytes for p in meta.parameters()), psutil.virtual_memory().total
     if need > total:

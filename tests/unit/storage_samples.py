@@ -21,6 +21,15 @@ SPEC = TrialSpec(
 )
 
 
+def pin_document(spec: TrialSpec) -> dict[str, Any]:
+    """The least pinned document a reader takes: ``spec`` for the built-in tiny GPT under 1 GB
+    of device memory, no figures."""
+    return {
+        "schema_version": 1, "spec": spec.to_json_dict(), "workload": "builtin:tiny-gpt",
+        "limit_bytes": 10**9, "mem_metric": "device",
+    }  # fmt: skip
+
+
 def ok_result(*, loss: float = 2.5) -> TrialResult:
     return TrialResult(
         outcome=TrialOutcome.OK,

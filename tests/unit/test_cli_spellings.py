@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from storage_samples import pin_document
 from typer.testing import CliRunner
 
 from budgettune.cli import app
@@ -84,10 +85,7 @@ def test_applying_a_pin_says_so_in_one_line(
     from budgettune.pinning import parse_pin
     from budgettune.trial.spec import TrialSpec
 
-    pinned = parse_pin({
-        "schema_version": 1, "spec": TrialSpec(compile_mode="eager").to_json_dict(),
-        "workload": "builtin:tiny-gpt", "limit_bytes": 10**9, "mem_metric": "device",
-    }, source="best.json")  # fmt: skip
+    pinned = parse_pin(pin_document(TrialSpec(compile_mode="eager")), source="best.json")
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a job with no logging set up
     pinned.compile(nn.Linear(2, 2))
     err = capsys.readouterr().err.splitlines()

@@ -11,13 +11,13 @@ import json
 
 import pytest
 import torch
+from storage_samples import pin_document
 from torch import nn
 from torch._dynamo.utils import counters
 
 from budgettune.errors import SpecError
 from budgettune.integrations.torchtitan import torchtitan_config
 from budgettune.pinning import PinnedConfig, load_pinned
-from budgettune.pinning.document import SCHEMA_VERSION
 from budgettune.study.study_file import build_search_spec
 from budgettune.trial.recompute import apply_to_model, prepare
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
@@ -107,11 +107,7 @@ def test_the_job_applies_it_as_the_trial_did_and_keeps_the_state_dict_keys() -> 
 def test_a_trainers_model_gets_its_blocks_compiled_in_place(tmp_path) -> None:
     torch._dynamo.reset()
     path = tmp_path / "pin.json"
-    document = {
-        "schema_version": SCHEMA_VERSION, "spec": BLOCKS.to_json_dict(),
-        "workload": "builtin:tiny-gpt", "limit_bytes": 10**9, "mem_metric": "device",
-    }  # fmt: skip
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(pin_document(BLOCKS)))
     model = _workload().model
     assert load_pinned(path, warn=False).compile(model, in_place=True) is model
     assert all(_compiled_in_place(b) for b in model.layers)  # type: ignore[union-attr]
@@ -131,12 +127,7 @@ def test_torchtitan_says_a_whole_model_compile_is_not_its_way(tmp_path) -> None:
 
     def config(spec: TrialSpec):
         path = tmp_path / f"{spec.compile_scope}.json"
-        document = {
-            "schema_version": SCHEMA_VERSION, "spec": spec.replace(optimizer_impl="fused")
-            .to_json_dict(), "workload": "builtin:tiny-gpt", "limit_bytes": 10**9,
-            "mem_metric": "device",
-        }  # fmt: skip
-        path.write_text(json.dumps(document))
+        path.write_text(json.dumps(pin_document(spec.replace(optimizer_impl="fused"))))
         pinned = load_pinned(path, warn=False)
         assert isinstance(pinned, PinnedConfig)
         return torchtitan_config(pinned)

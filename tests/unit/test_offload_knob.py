@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 from rich.console import Console
-from storage_samples import ok_result
+from storage_samples import ok_result, pin_document
 from torch import nn
 
 from budgettune.errors import SpecError, UsageError
@@ -282,17 +282,11 @@ def test_a_trainers_model_gets_the_offload_in_place(tmp_path) -> None:
     model stays the same object with the same keys, its blocks compiled one by one with the
     hooks around them, its forward scoped but not compiled as a whole."""
     from budgettune.pinning import load_pinned
-    from budgettune.pinning.document import SCHEMA_VERSION
     from budgettune.trial.scoped_forward import scoped_forward_of
 
     torch._dynamo.reset()
-    spec = COMPILED.replace(offload_every=2)
     path = tmp_path / "pin.json"
-    document = {
-        "schema_version": SCHEMA_VERSION, "spec": spec.to_json_dict(),
-        "workload": "builtin:tiny-gpt", "limit_bytes": 10**9, "mem_metric": "device",
-    }  # fmt: skip
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(pin_document(COMPILED.replace(offload_every=2))))
     model = _workload().model
     keys = list(model.state_dict())
     assert load_pinned(path, warn=False).compile(model, in_place=True) is model

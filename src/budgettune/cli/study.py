@@ -20,7 +20,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
-from budgettune.errors import UsageError, terminal_safe
+from budgettune.errors import UsageError
 from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, MAX_REVERIFY_RUNS, check_seconds
 
 
@@ -62,7 +62,7 @@ def show(
     from budgettune.present.tables import pin_table, study_tables
 
     if plot is not None:
-        from budgettune.present.plot import check_plot_output, write_plot
+        from budgettune.present.plot import check_plot_output, shown_path, write_plot
         from budgettune.present.report import resolve_study_name
         from budgettune.storage import open_storage
         from budgettune.study.publish import study_views
@@ -72,8 +72,7 @@ def show(
         store = open_storage(storage, create=False)
         _, figure, _, _ = study_views(store, resolve_study_name(store, study))
         written = write_plot(figure, target)
-        shown = terminal_safe(str(written), 200).replace("\n", "\\n")
-        stderr.print(f"wrote {shown}", highlight=False, markup=False)
+        stderr.print(f"wrote {shown_path(str(written))}", highlight=False, markup=False)
     if phases:
         from budgettune.present.phases import phase_summary, study_phases
 

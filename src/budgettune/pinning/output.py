@@ -63,6 +63,14 @@ STDOUT = "-"
 """The ``--output`` that means standard output (the pin alone on it), as Unix tools read it."""
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file, followed through links, existing or not yet."""
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a link loop
+        return False
+
+
 def check_pin_output(
     path: str | Path,
     *,
@@ -104,11 +112,7 @@ def check_pin_output(
         # whether or not either exists yet: a new study's database is made after this check
         # (issue 48: --output new.db with --storage-url new.db replaced the study with the pin)
         other_path = Path(other)
-        try:
-            same = target.resolve() == other_path.resolve()
-        except (OSError, RuntimeError):
-            same = False
-        if same:
+        if same_file(target, other_path):
             raise UsageError(
                 f"{what} {target} is {other_path.name}, which this command reads or writes "
                 "(the study's database or its journals, the study file, the pin): name another "

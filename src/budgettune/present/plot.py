@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import BudgettuneError, UsageError, terminal_safe
+from budgettune.pinning.output import same_file
 
 PLOT_SUFFIXES = (".html", ".png")
 """The files ``--plot`` writes."""
@@ -31,7 +32,7 @@ MARK = "budgettune show --plot"
 ``--plot`` replaces only such a file without ``--force`` (the fifth probe: it replaced any)."""
 
 
-def _shown(path: str) -> str:
+def shown_path(path: str) -> str:
     """A path as one printable line (its newlines and control characters as escapes)."""
     return terminal_safe(path, 200).replace("\n", "\\n")
 
@@ -55,15 +56,11 @@ def check_plot_output(path: str, *, protected: Sequence[Path] = (), force: bool 
             plot budgettune wrote (unless ``force``), or a folder that cannot be written into.
     """
     target = Path(path)
-    shown = _shown(path)
+    shown = shown_path(path)
     if path.endswith(("/", os.sep)) or target.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {shown}: name a .html or a .png file")
     for other in protected:
-        try:
-            same = target.resolve() == other.resolve()
-        except (OSError, RuntimeError):
-            same = False
-        if same:
+        if same_file(target, other):
             raise UsageError(f"--plot {shown} is the study's database: name another file")
     try:
         status = target.lstat()
@@ -81,7 +78,7 @@ def check_plot_output(path: str, *, protected: Sequence[Path] = (), force: bool 
         )
     folder = target.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"--plot {shown}: cannot write into {_shown(str(folder))}")
+        raise UsageError(f"--plot {shown}: cannot write into {shown_path(str(folder))}")
     return target
 
 
