@@ -22,7 +22,9 @@
 #   gpt2m-regional, gpt2m-mixed   the same GPT-2 medium search with --compile-scopes blocks
 #                  (regional compilation wherever it can run) or model,blocks (the search
 #                  chooses); vs-gpt2m-scopes: their newest pins and grid30's seed-0 pin head to
-#                  head; job-gpt2m-regional, job-gpt2m-mixed: their pins in cold jobs
+#                  head; job-gpt2m-regional, job-gpt2m-mixed: their pins in cold jobs;
+#                  gpt2m-mixed-b: the mixed search again (its own study and pin);
+#                  vs-gpt2m-mixed: the newest mixed pin against grid30's seed-0 pin
 #   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
 #                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
 #   vs-gpt2m       the newest gpt2m-after pin against grid30's seed-0 pin, 3 rounds
@@ -84,7 +86,7 @@ grid30_s0=benchmarks/results/grid30/pins/grid30-gpt2m-s0-pin.json
 run2=benchmarks/results/h200-fast-search-2026-11-28/run2/gpt2m-after-pin.json
 # the before search's L1 pin of 2026-11-28 (two H200s), when this machine ran no before search
 l1_before=benchmarks/results/h200x4-fast-search-2026-11-28/l1-before-2gpu-pin.json
-newest() { ls -t "$state"/out/$1-*gpu-pin.json 2>/dev/null | head -n 1; }
+newest() { ls -t "$state"/out/$1-[0-9]*gpu-pin.json 2>/dev/null | head -n 1; }
 search() {  # $1: the step (WORKLOAD-before|after), then the search's arguments
     local step=$1 code=${1#*-} start
     shift
@@ -205,9 +207,10 @@ run_step() {
         l1-before|l1-after) search "$1" "${l1[@]}" ;;
         gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
         gpt2m-regional) search "$1" "${gpt2m[@]}" --compile-scopes blocks ;;
-        gpt2m-mixed) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        gpt2m-mixed|gpt2m-mixed-b) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        vs-gpt2m-mixed) versus gpt2m-mixed "$(newest gpt2m-mixed)" "$grid30_s0" ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
-        job-gpt2m-regional|job-gpt2m-mixed) job "${1#job-}" "$(newest "${1#job-}")" ;;
+        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-b) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)
                versus l1 "$(newest l1-after)" "${before:-$l1_before}" ;;
         vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;

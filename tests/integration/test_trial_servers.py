@@ -8,11 +8,12 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from budgettune.trial.launcher import TRIAL_SERVER_ENV, launch_trial, trial_servers
+from budgettune.trial.launcher import TRIAL_SERVER_ENV, launch_trial, run_env, trial_servers
 from budgettune.trial.results import TrialOutcome
 from budgettune.trial.servers import LATE_ENV, TrialServers, _key
 from budgettune.trial.spec import TrialSpec
@@ -174,3 +175,29 @@ def test_no_servers_when_switched_off_or_sharded(
     assert trial_servers(sharded, tmp_path) is None
     monkeypatch.setenv(TRIAL_SERVER_ENV, "0")
     assert trial_servers(run, tmp_path) is None
+
+
+def test_prestarted_servers_serve_the_first_trials_of_a_pool_that_waits_for_none(
+    tmp_path: Path,
+) -> None:
+    # issue 44: a search's pool waits for no server, so its first trial of an environment
+    # starts as a new process (6-7 s of imports on a GPU host); servers started ahead
+    # (`Searcher.prestart_servers`, while the workers' trials run) serve the first ones
+    pool = TrialServers(log_dir=tmp_path / "servers")
+    run = TrialRun(spec=FAST, workload=f"{FIXTURES}:raises", device="cpu", cache_root=None)
+    env = run_env(run)
+    try:
+        pool.prestart([env, env])  # two slots of one environment: a server each
+        entries = pool._idle[_key(env)]
+        assert len(entries) == 2
+        for entry in entries:  # as the workers' trials would take: seconds of imports
+            server = entry.result(timeout=120) if isinstance(entry, Future) else entry
+            assert server.poll_ready(120)
+        pids = {s.process.pid for s in pool._all}
+        assert len(pids) == 2
+        served = launch_trial(run, run_dir=tmp_path / "a", timeout_s=120, servers=pool)
+        assert _server_of(served) in pids
+        assert "bad hidden size" in served.error
+    finally:
+        pool.close()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)

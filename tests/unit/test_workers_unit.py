@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import optuna
 import pytest
@@ -142,3 +143,79 @@ def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_pa
     ]
     logs = sorted(p.name for p in (tmp_path / "s" / "workers").iterdir())
     assert logs == ["cuda0-2.log", "cuda0.log", "cuda1-2.log", "cuda1.log"]
+
+
+def test_the_search_goes_on_when_its_trials_are_done_not_when_its_workers_have_exited(
+    monkeypatch, tmp_path
+) -> None:
+    """Issue 44: workers closing their trial servers took 4-6 s before the re-verification
+    could start; the search goes on once every trial has finished, and the servers for its
+    fresh runs are started when the first trial is in."""
+    from budgettune.study.study import SearchObserver
+    from budgettune.study.target import TrialCount
+
+    reaped: list[int] = []
+
+    class Exiting:  # a worker past the target, still closing down
+        returncode = None
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def poll(self) -> None:
+            return None
+
+        def wait(self, timeout: float | None = None) -> int:
+            reaped.append(self.n)
+            return 0
+
+    made: list[Exiting] = []
+
+    def spawn(command, *, output, env):
+        made.append(Exiting(len(made)))
+        return made[-1]
+
+    counts = iter(
+        [
+            TrialCount(target=2, counted=0, finished=0, waiting=0, running=0),  # at the start
+            TrialCount(target=2, counted=2, finished=0, waiting=0, running=2),
+            TrialCount(target=2, counted=2, finished=1, waiting=0, running=1),
+            TrialCount(target=2, counted=2, finished=1, waiting=0, running=1),
+            TrialCount(target=2, counted=2, finished=2, waiting=0, running=0),
+            TrialCount(target=2, counted=2, finished=2, waiting=0, running=0),  # the end
+        ]
+    )
+
+    class Watch:
+        def count(self) -> TrialCount:
+            return next(counts)
+
+        def best_feasible_ms(self) -> float | None:
+            return None
+
+    warmed: list[int] = []
+    monkeypatch.setattr(workers, "spawn", spawn)
+    monkeypatch.setattr(workers, "PROGRESS_POLL_S", 0.0)
+    search = SearchSpec(
+        workload="builtin:llama",
+        device="cuda:0",
+        max_mem_bytes=10**10,
+        study_name="s",
+        space=SearchSpace.for_device("cuda"),
+        runs_dir=str(tmp_path),
+    )
+    finished = workers.run_gpu_workers(
+        Watch(),
+        [0, 1],
+        search=search,
+        storage_url="sqlite:///x.db",
+        observer=SearchObserver(),
+        on_first_finished=lambda: warmed.append(1),
+    )
+    assert finished == 2
+    assert warmed == [1]  # once, when the first trial was in
+    assert next(counts, None) is None  # it stopped polling at the last trial's end
+    deadline = time.monotonic() + 5
+    while sorted(reaped) != [0, 1] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(reaped) == [0, 1]  # the exiting workers are reaped by a thread

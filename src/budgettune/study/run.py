@@ -79,7 +79,12 @@ def run_search(
         elif gpus:
             searcher.observer.started(search.study_name, search.num_trials)
             trials_run = run_gpu_workers(
-                searcher, gpus, search=search, storage_url=store.url, observer=searcher.observer
+                searcher,
+                gpus,
+                search=search,
+                storage_url=store.url,
+                observer=searcher.observer,
+                on_first_finished=searcher.prestart_servers,
             )
         else:
             searcher.observer.started(search.study_name, search.num_trials)

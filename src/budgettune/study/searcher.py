@@ -14,6 +14,7 @@ retry does): it excludes nothing. It never prints: progress goes to a callback t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -69,8 +70,8 @@ from budgettune.study.study import (
     TrialFailed,
 )
 from budgettune.study.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount, study_count
-from budgettune.trial.cpu_cores import cpu_shares
-from budgettune.trial.launcher import launch_trial, trial_servers
+from budgettune.trial.cpu_cores import CPUS_ENV, cpu_shares
+from budgettune.trial.launcher import launch_trial, run_env, trial_servers
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -379,6 +380,25 @@ class Searcher:
             first_repeat=[len(old) for old in kept],
         )
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
+
+    def prestart_servers(self) -> None:
+        """Start a trial server for each device slot of the fresh runs now, so that the first
+        batch of re-verification forks from servers that have imported torch and the workload's
+        modules (issue 44: the trials ran in workers, whose servers this process does not
+        share, and each of a 4-GPU search's 15 fresh runs spent 6-7 s importing them).
+        Nothing on one device slot (its runs go one at a time) or for sharded trials."""
+        if self.servers is None or len(self.devices) <= 1:
+            return
+        run = self.search.trial_run(self.search.base)
+        envs = []
+        for device in self.devices:
+            share = self.cpu_shares.get(device)
+            envs.append(
+                run_env(
+                    dataclasses.replace(run, device=device), {CPUS_ENV: share} if share else None
+                )
+            )
+        self.servers.prestart(envs)
 
     def close(self) -> None:
         """Stop this process's trial servers and drop its live-search entry (the study and

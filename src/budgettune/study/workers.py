@@ -20,8 +20,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -46,7 +47,7 @@ from budgettune.study.study import (
     sampler_stream,
     worker_sampler_seed,
 )
-from budgettune.study.target import HEARTBEAT_INTERVAL_S, TrialCount
+from budgettune.study.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount
 from budgettune.trial.cpu_cores import CPUS_ENV, apply_cpu_share, cpu_shares
 from budgettune.trial.devices import check_device_available, cuda_device_count
 from budgettune.trial.processes import spawn
@@ -58,7 +59,7 @@ logger = logging.getLogger(__name__)
 STORAGE_ENV = "BUDGETTUNE_STORAGE"
 """Environment variable `budgettune worker` reads the storage URL from (keeps passwords off
 the process list)."""
-PROGRESS_POLL_S = 2.0
+PROGRESS_POLL_S = 1.0
 STOP_GRACE_S = 60.0
 
 
@@ -273,9 +274,13 @@ def run_gpu_workers(
     search: SearchSpec,
     storage_url: str,
     observer: SearchObserver,
+    on_first_finished: Callable[[], None] | None = None,
 ) -> int:
     """Run one worker process per GPU (per group of ``nproc_per_node`` GPUs for sharded
-    trials) until the study's target is met; wait for all.
+    trials) until the study's target is met and none of its trials runs; workers still
+    exiting then are left to exit (reaped by a thread of their own: issue 44, the 16 workers
+    of a 4-GPU search took 4-6 s to close their trial servers and exit, on the search's
+    critical path before its re-verification).
 
     Their output goes to ``<runs_dir>/<study>/workers/cuda<N>.log`` (``cuda<N>_<M>.log``).
 
@@ -285,6 +290,9 @@ def run_gpu_workers(
         search: the search the workers join (its study name, runs folder and ranks).
         storage_url: the study's storage, handed to the workers in `STORAGE_ENV`.
         observer: told how many trials finished.
+        on_first_finished: called once, when the first trial of this search has finished
+            (the workers' first trials have started by then: what it starts competes with
+            them less), e.g. `Searcher.prestart_servers`.
 
     Returns:
         Trials finished while they ran.
@@ -324,9 +332,17 @@ def run_gpu_workers(
             with database_errors(storage_url):
                 now = study.count()
                 observer.trials_finished(now.finished - start.finished, study.best_feasible_ms())
+            if on_first_finished is not None and now.finished > start.finished:
+                on_first_finished()
+                on_first_finished = None
+            if now.next_step() is NextStep.STOP:
+                break
     except BaseException:
         _stop(workers)
         raise
+    exiting = [process for _, process, _ in workers if process.poll() is None]
+    if exiting:
+        threading.Thread(target=_reap, args=(exiting,), daemon=True).start()
     with database_errors(storage_url):
         end = study.count()
     observer.trials_finished(end.finished - start.finished, study.best_feasible_ms())
@@ -360,6 +376,12 @@ def _start_worker(
             env=env,
         )
     return group_device(group), process, log_path
+
+
+def _reap(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Wait for each of ``processes`` to exit (a worker past the study's target)."""
+    for process in processes:
+        process.wait()
 
 
 def _stop(workers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:

@@ -29,6 +29,11 @@ from budgettune.trial.devices import visible_device_env
 from budgettune.trial.environment import import_time_env
 from budgettune.trial.forkserver import BAD_FORK_EXIT
 from budgettune.trial.gpu_turns import resume_paused
+from budgettune.trial.op_lists import (
+    DEFAULT_ADDABLE_OPS_CPU,
+    DEFAULT_ADDABLE_OPS_CUDA,
+    DEFAULT_REMOVABLE_OPS,
+)
 from budgettune.trial.phases import LAUNCHED_AT_ENV, with_exit
 from budgettune.trial.processes import spawn
 from budgettune.trial.ranks import merge_rank_results, rank_result_path, read_rank_results
@@ -46,6 +51,9 @@ from budgettune.trial.trial_run import DEFAULT_TRIAL_TIMEOUT_S, TrialRun
 from budgettune.workload import preload_modules
 
 logger = logging.getLogger(__name__)
+
+KNOWN_OPS = frozenset(DEFAULT_REMOVABLE_OPS + DEFAULT_ADDABLE_OPS_CUDA + DEFAULT_ADDABLE_OPS_CPU)
+"""The default op lists' names, which `check_ops_exist` takes as existing."""
 
 SPEC_FILE = "SPEC.json"
 RESULT_FILE = "RESULT.json"
@@ -74,12 +82,16 @@ def check_ops_exist(
     """Fail before any trial when an op name does not exist in this torch, or the compiled
     offload is asked for (``compiled_offload``) and this torch lacks it.
 
-    Both need torch, which the parent never imports: a short child process checks.
+    Both need torch, which the parent never imports: a short child process checks, unless
+    every op is one of budgettune's own defaults, which each torch it supports (>= 2.6) has
+    (issue 44: the check's torch import was 2-5 s before a default search's first trial; the
+    trial child resolves every op again, so a default missing from a torch still fails there).
 
     Raises:
         SpecError: an unknown op (the message names it and how to spell one), or no compiled
             activation offloading in this torch.
     """
+    ops = [op for op in ops if op not in KNOWN_OPS]
     if not ops and not compiled_offload:
         return
     flag = ["--compiled-offload"] if compiled_offload else []
@@ -285,6 +297,12 @@ def trial_servers(run: TrialRun, log_dir: str | os.PathLike[str]) -> TrialServer
     if run.nproc_per_node > 1 or os.environ.get(TRIAL_SERVER_ENV, "1") == "0":
         return None
     return TrialServers(preload=preload_modules(run.workload), log_dir=log_dir)
+
+
+def run_env(run: TrialRun, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a trial child of ``run`` starts with on ``run.device`` (what picks the
+    trial server it forks from: `TrialServers.prestart`)."""
+    return child_env(run, visible_device_env(run.device)[1], extra_env)
 
 
 def child_env(

@@ -292,7 +292,8 @@ class TrialServers:
             if self.disabled:
                 return None
             waiting = self._idle.setdefault(key, [])
-            ready = [e for e in waiting if isinstance(e, _Server) and e.ready]
+            waiting[:] = [_started(e) for e in waiting]
+            ready = [e for e in waiting if isinstance(e, _Server) and _ready_now(e)]
             entry = ready[-1] if ready else waiting[-1] if waiting else None
             if entry is None:
                 entry = self._request_start(env)
@@ -314,6 +315,19 @@ class TrialServers:
         with self._lock:  # still importing: a later trial takes it
             self._idle.setdefault(key, []).append(entry)
         return None
+
+    def prestart(self, envs: Sequence[Mapping[str, str]]) -> None:
+        """Start one server for each of ``envs`` (an environment twice: two servers) now,
+        before any trial asks for them, so that trials that will come at once (a batch of
+        fresh runs over every slot of the search) each find one ready (issue 44: on four
+        GPUs the re-verification's 15 processes each imported torch and transformers for
+        6-7 s, on the search's critical path)."""
+        with self._lock:
+            if self.disabled:
+                return
+            for env in envs:
+                future = self._request_start(env)
+                self._idle.setdefault(_key(env), []).append(future)
 
     def _release(self, server: _Server, healthy: bool) -> None:
         with self._lock:
@@ -367,6 +381,22 @@ class TrialServers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _started(entry: _Server | Future[_Server]) -> _Server | Future[_Server]:
+    """A server whose start has finished, as the server; else the entry as it is."""
+    if isinstance(entry, Future) and entry.done() and entry.exception() is None:
+        return entry.result()
+    return entry
+
+
+def _ready_now(server: _Server) -> bool:
+    """Whether ``server`` has said it is ready, without waiting (one that has exited is not:
+    the trial that takes it finds that out and starts as a new process)."""
+    try:
+        return server.poll_ready(0.0)
+    except ServerGone:
+        return False
 
 
 def _key(env: Mapping[str, str]) -> frozenset[tuple[str, str]]:
