@@ -24,7 +24,10 @@
 #                  chooses); vs-gpt2m-scopes: their newest pins and grid30's seed-0 pin head to
 #                  head; job-gpt2m-regional, job-gpt2m-mixed: their pins in cold jobs;
 #                  gpt2m-mixed-b: the mixed search again (its own study and pin);
-#                  vs-gpt2m-mixed: the newest mixed pin against grid30's seed-0 pin
+#                  vs-gpt2m-mixed: the newest mixed pin against grid30's seed-0 pin;
+#                  gpt2m-mixed5, vs-gpt2m-mixed5, job-gpt2m-mixed5: the mixed search with
+#                  --trials-per-gpu 5 (its 20 trials at once on four GPUs), likewise
+#   startup        NVML's set-up and the CLI's imports, timed in fresh processes
 #   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
 #                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
 #   vs-gpt2m       the newest gpt2m-after pin against grid30's seed-0 pin, 3 rounds
@@ -197,6 +200,27 @@ PY
     tail -n 3 "$dir/versus.txt"
     job "b46-$name" "$dir/batch-pin.json"
 }
+startup() {  # what a search pays before its first trial: NVML's set-up, the CLI's imports
+    python3 - > "$state/out/startup.txt" 2>&1 <<'PY'
+import subprocess, sys, time
+def timed(what, code):
+    t = time.time()
+    subprocess.run([sys.executable, "-c", code], check=False)
+    print(f"{what}: {time.time() - t:.2f} s", flush=True)
+subprocess.run(["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv"], check=False)
+nvml = "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount(); pynvml.nvmlShutdown()"
+for i in range(3):
+    timed(f"a process: NVML init, count, shutdown ({i + 1})", nvml)
+holder = subprocess.Popen([sys.executable, "-c", "import pynvml, time; pynvml.nvmlInit(); time.sleep(30)"])
+time.sleep(3)
+for i in range(2):
+    timed(f"the same while another process holds NVML ({i + 1})", nvml)
+holder.kill()
+timed("python3 -m budgettune.cli --help", "import runpy, sys; sys.argv = ['budgettune', '--help']; runpy.run_module('budgettune.cli', run_name='__main__')")
+timed("import budgettune.study.workers", "import budgettune.study.workers")
+PY
+    echo "== startup: exit $?"; cat "$state/out/startup.txt"
+}
 run_step() {
     case $1 in
         probe) python3 -m benchmarks.fork_cuda_probe --out "$state/out/probe.json" \
@@ -209,8 +233,11 @@ run_step() {
         gpt2m-regional) search "$1" "${gpt2m[@]}" --compile-scopes blocks ;;
         gpt2m-mixed|gpt2m-mixed-b) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         vs-gpt2m-mixed) versus gpt2m-mixed "$(newest gpt2m-mixed)" "$grid30_s0" ;;
+        gpt2m-mixed5) TRIALS_PER_GPU=5 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        vs-gpt2m-mixed5) versus gpt2m-mixed5 "$(newest gpt2m-mixed5)" "$grid30_s0" ;;
+        startup) startup ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
-        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-b) job "${1#job-}" "$(newest "${1#job-}")" ;;
+        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-b|job-gpt2m-mixed5) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)
                versus l1 "$(newest l1-after)" "${before:-$l1_before}" ;;
         vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;
