@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 from budgettune import storage as storage_mod
@@ -14,7 +13,7 @@ from budgettune.study.spec import SearchSpec
 from budgettune.study.study import SearchObserver, SearchOutcome
 from budgettune.study.target import HEARTBEAT_INTERVAL_S
 from budgettune.study.workers import check_gpus, gpu_groups, group_device, run_gpu_workers
-from budgettune.trial.devices import check_device_available, device_indices, nvml_session
+from budgettune.trial.devices import check_device_available, device_indices
 from budgettune.trial.launcher import check_ops_exist
 from budgettune.workload import check_reference
 
@@ -45,16 +44,6 @@ def run_search(
         KeyboardInterrupt: after the running trial is failed and queued again (`Terminated`
             for SIGTERM); finished ones are kept.
     """
-    # NVML held open for the whole search: on a host without the driver's persistence mode
-    # the GPUs' state is set up again by every first client (issue 44: 10 s from the command
-    # to the first trial on four H200s, where this process and each worker asked NVML)
-    with nvml_session() if search.device.startswith("cuda") else contextlib.nullcontext():
-        return _run_search(search, observer, gpus)
-
-
-def _run_search(
-    search: SearchSpec, observer: SearchObserver | None, gpus: Sequence[int]
-) -> SearchOutcome:
     check_reference(search.workload, search.workload_options)
     database = next(iter(storage_files(search.storage_url)), None)
     if search.num_trials == 0 and database is not None and not database.exists():

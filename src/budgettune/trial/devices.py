@@ -8,7 +8,6 @@ or opens NVML.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -106,10 +105,8 @@ def nvml_session() -> Iterator[Any]:
             pynvml.nvmlShutdown()
 
 
-@functools.cache
 def cuda_device_count() -> int:
-    """Number of NVIDIA GPUs NVML sees (0 if none, or no driver); asked once a process (a
-    search's parent asked three times, each worker twice, before the first trial)."""
+    """Number of NVIDIA GPUs NVML sees (0 if none, or no driver)."""
     with nvml_session() as nvml:
         if nvml is None:
             return 0
