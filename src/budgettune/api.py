@@ -120,7 +120,8 @@ def search(
         collective_timeout_s: seconds a rank's collective may wait in a sharded trial.
         global_batch: rows per optimizer step: each trial accumulates ``global_batch /
             micro_batch`` passes (with ``space={"micro_batches": [...]}`` the micro-batch is
-            searched too).
+            searched too; without a global batch, several micro-batches each step on their
+            own rows and the search ranks samples per second).
         trials_per_gpu: trials run at once on each GPU (their compiles overlap, their
             measurements take turns).
         space: the knobs searched, by their plural names: ``{"block_ac_every": [0, 1, 2]}``.

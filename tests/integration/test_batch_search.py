@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -109,3 +110,75 @@ def test_a_search_over_micro_batches_pins_one_and_a_trainer_runs_it(tmp_path: Pa
         trainer(per_device_train_batch_size=16, gradient_accumulation_steps=1)
     said = batch_warnings(caught)
     assert len(said) == 1 and "per_device_train_batch_size=16" in said[0], said
+
+
+def test_without_a_global_batch_each_micro_batch_steps_on_its_own_rows_ranked_per_row(
+    tmp_path: Path,
+) -> None:
+    # issue 46: "Without a global batch the objective is samples per second at each trial's
+    # own micro-batch" (it was refused in one line before)
+    db, pin_path = tmp_path / "bt.db", tmp_path / "pin.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "search", "-w", "builtin:tiny-gpt", "--option", "n_layers=1",
+            "--option", "batch_size=2", "--max-mem", "1GB", "--micro-batches", "2,4",
+            "--num-trials", "4", "--compile-backend", "aot_eager_decomp_partition",
+            "--warmup-steps", "1", "--timed-steps", "1", "--top-k", "1",
+            "--reverify-runs", "1", "--storage-url", f"sqlite:///{db}",
+            "--runs-dir", str(tmp_path / "runs"), "--output", str(pin_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    # the workload's own micro-batch (2) is the baselines', and every step time is scaled to
+    # its rows; the batch finder's walk goes up to 4 while it fits
+    assert study.metric_names == ["step time per 2 rows (ms)"]
+    done = [t for t in study.trials if t.state is optuna.trial.TrialState.COMPLETE]
+    assert done
+    sizes = set()
+    for trial in done:  # one pass a step at its own rows; its value scaled to 2 rows
+        spec = trial.user_attrs["spec"]
+        assert spec["micro_batch"] in (2, 4) and spec["accum_steps"] == 1
+        step_ms = trial.user_attrs["step_time_ms"]
+        assert trial.value == pytest.approx(step_ms * 2 / spec["micro_batch"])
+        sizes.add(spec["micro_batch"])
+    assert sizes == {2, 4}, sizes  # both sizes measured, so the scaling was exercised
+    pinned = load_pinned(pin_path, warn=False, apply_allocator=False)
+    assert pinned.accum_steps == 1 and pinned.micro_batch in (2, 4)
+    assert pinned.global_batch == pinned.micro_batch
+    assert pinned.batch_arguments() == {
+        "per_device_train_batch_size": pinned.micro_batch,
+        "gradient_accumulation_steps": 1,
+    }
+
+
+def test_a_study_resumed_with_fewer_micro_batches_runs_its_queued_baselines(
+    tmp_path: Path,
+) -> None:
+    # issue 48's P6-1: the baselines queued at micro-batch 16 (the largest of 1..16) met a
+    # resumed search over 2,4; Optuna refused the queued value ("'16' not in (2, 4)"), a
+    # traceback and a failed trial
+    def search(sizes: str) -> None:
+        result = CliRunner().invoke(
+            app,
+            [
+                "search", "-w", "builtin:tiny-gpt", "-o", "n_layers=1", "--device", "cpu",
+                "--compile-backend", "aot_eager_decomp_partition", "--warmup-steps", "1",
+                "--timed-steps", "1", "--max-mem", "1GB", "--top-k", "1",
+                "--reverify-runs", "1", "--storage", str(tmp_path / "mb.db"),
+                "--global-batch", "16", "--output", str(tmp_path / "pin.json"),
+                "--runs-dir", str(tmp_path / "runs"), "--num-trials", "1",
+                "--micro-batches", sizes,
+            ],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+
+    search("1..16")
+    search("2,4")
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'mb.db'}")
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.FAIL not in states
+    queued = study.trials[1]  # the full-AC baseline, queued by the first search at 16 rows
+    assert queued.state is optuna.trial.TrialState.COMPLETE
+    assert queued.user_attrs["spec"]["micro_batch"] == 16  # measured as it was queued

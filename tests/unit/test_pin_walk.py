@@ -44,6 +44,7 @@ class _Search:
     offload_searched: bool = False
     reverify_runs: int = 3
     compile_cache: bool = True
+    ranking_rows: int = 0
 
 
 @dataclass

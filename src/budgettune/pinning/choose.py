@@ -131,8 +131,10 @@ def qualified(
     mem_metric: str,
     margin: float,
     host_limit_bytes: int | None = None,
+    rows: int = 0,
 ) -> list[tuple[float, Candidate, list[TrialResult]]]:
-    """The candidates whose re-measurements qualify, fastest first: (median step time, the
+    """The candidates whose re-measurements qualify, fastest first: (median step time, scaled
+    to ``rows`` rows as the search ranks it (`TrialSpec.ranked_ms`; 0: as measured), the
     candidate, its runs). A candidate qualifies when it has runs, every one ended ``ok``, its
     *worst* peak plus the margin fits the limit and every run held at most
     ``host_limit_bytes`` of host memory (when given)."""
@@ -149,7 +151,7 @@ def qualified(
         ):
             continue
         median_ms = statistics.median(r.measurement.step_time_ms for r in results if r.measurement)
-        found.append((median_ms, candidate, results))
+        found.append((candidate.spec.ranked_ms(median_ms, rows), candidate, results))
     return sorted(found, key=lambda item: item[0])
 
 
@@ -215,6 +217,7 @@ def reference_figures(
     remeasured: Sequence[TrialResult],
     *,
     pin_step_time_ms: float,
+    pin_spec: TrialSpec | None = None,
 ) -> PinReference | None:
     """A reference configuration in the pin (the unconstrained baseline, or full block AC).
 
@@ -224,6 +227,9 @@ def reference_figures(
             median (``runs`` says how many), like the pin's, and the trial's own figure stays
             as ``trial_step_time_ms``; else the trial's figure is used.
         pin_step_time_ms: the pin's median step time, for ``slowdown``.
+        pin_spec: the pin's configuration: where it and the reference step on rows of their
+            own (a search over micro-batches), ``slowdown`` compares time per row (samples per
+            second, issue 46), not time per step.
     """
     if trial is None:
         return None
@@ -237,9 +243,24 @@ def reference_figures(
         runs=len(runs),
         trial_step_time_ms=trial.step_time_ms,
         peak_phase=trial.peak_phase,
-        slowdown=pin_step_time_ms / step_ms - 1.0,
+        slowdown=_slowdown(pin_step_time_ms, pin_spec, step_ms, trial.spec),
         step_time_range_ms=spread_of([m.step_time_ms for m in runs]),
     )
+
+
+def _slowdown(
+    pin_ms: float, pin_spec: TrialSpec | None, ref_ms: float, ref_spec: TrialSpec
+) -> float:
+    """How much slower the pin is than a reference: per step, or per row where both say their
+    rows and they differ."""
+    rows = (
+        1
+        if pin_spec is not None and pin_spec.samples_per_step and ref_spec.samples_per_step
+        else 0
+    )
+    if pin_spec is None or not rows:
+        return pin_ms / ref_ms - 1.0
+    return pin_spec.ranked_ms(pin_ms, rows) / ref_spec.ranked_ms(ref_ms, rows) - 1.0
 
 
 def build_pin(
@@ -282,8 +303,10 @@ def build_pin(
     """
     measured = _figures(reverify_results, scope.mem_metric, sharded=scope.world_size > 1)
     first = reverify_results[0]
-    pin_ms = measured.step_time_ms
-    op_sac_doc = reference_figures(op_sac, op_sac_results, pin_step_time_ms=pin_ms)
+    pin_ms, pin_spec = measured.step_time_ms, candidate.spec
+    op_sac_doc = reference_figures(
+        op_sac, op_sac_results, pin_step_time_ms=pin_ms, pin_spec=pin_spec
+    )
     if op_sac_doc is not None:
         op_sac_doc = dataclasses.replace(
             op_sac_doc,
@@ -318,11 +341,17 @@ def build_pin(
         margin=scope.margin,
         measured=measured,
         advice="; ".join(a for a in advice if a),
-        baseline=reference_figures(baseline, baseline_results, pin_step_time_ms=pin_ms),
+        baseline=reference_figures(
+            baseline, baseline_results, pin_step_time_ms=pin_ms, pin_spec=pin_spec
+        ),
         baseline_status=baseline_status,
-        full_ac=reference_figures(full_ac, full_ac_results, pin_step_time_ms=pin_ms),
+        full_ac=reference_figures(
+            full_ac, full_ac_results, pin_step_time_ms=pin_ms, pin_spec=pin_spec
+        ),
         op_sac=op_sac_doc,
-        no_offload=reference_figures(no_offload, no_offload_results, pin_step_time_ms=pin_ms),
+        no_offload=reference_figures(
+            no_offload, no_offload_results, pin_step_time_ms=pin_ms, pin_spec=pin_spec
+        ),
         host_limit_bytes=host_limit_bytes if candidate.spec.offloads else None,
         world_size=scope.world_size,
         sharding=SHARDING if scope.world_size > 1 else "none",

@@ -109,16 +109,22 @@ def unconstrained_baseline(
     return None
 
 
-def best_feasible_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
-    """Fastest median step time among feasible trials."""
-    times = [record_of(t).step_time_ms for t in trials if is_feasible(t)]
-    return min((ms for ms in times if ms is not None), default=None)
+def best_feasible_ms(trials: Iterable[optuna.trial.FrozenTrial], rows: int = 0) -> float | None:
+    """Fastest median step time among feasible trials, each scaled to ``rows`` rows
+    (`TrialSpec.ranked_ms`; 0: as measured)."""
+    times = [
+        record.spec.ranked_ms(record.step_time_ms, rows)
+        for record in (record_of(t) for t in trials if is_feasible(t))
+        if record.spec is not None and record.step_time_ms is not None
+    ]
+    return min(times, default=None)
 
 
 def feasible_candidates(
-    trials: Iterable[optuna.trial.FrozenTrial], mem_metric: str
+    trials: Iterable[optuna.trial.FrozenTrial], mem_metric: str, rows: int = 0
 ) -> list[Candidate]:
-    """Distinct feasible configurations, each from its fastest trial, fastest first."""
+    """Distinct feasible configurations, each from its fastest trial, fastest first (by the
+    step time scaled to ``rows`` rows: `TrialSpec.ranked_ms`)."""
     seen: dict[str, Candidate] = {}
     for trial in trials:
         if not is_feasible(trial):
@@ -135,7 +141,7 @@ def feasible_candidates(
                 step_time_ms=step_ms,
                 peak_bytes=metric_peak(record, mem_metric),
             )
-    return sorted(seen.values(), key=lambda c: c.step_time_ms)
+    return sorted(seen.values(), key=lambda c: c.spec.ranked_ms(c.step_time_ms, rows))
 
 
 def smallest_peak(

@@ -17,9 +17,10 @@ MAX_GLOBAL_BATCH = 1_000_000
 def micro_batch_sizes(
     global_batch: Any, sizes: tuple[int, ...], options: Mapping[str, Any]
 ) -> tuple[int, ...]:
-    """The micro-batches a search tries: several need a global batch (else no two step times
-    are of the same work); with one, a size that does not divide it is not tried; none
-    listed, the workload's ``batch_size`` option is the one.
+    """The micro-batches a search tries: with a global batch, a size that does not divide it
+    is not tried; without one, each trial steps on its own micro-batch and the search ranks
+    samples per second (`SearchSpec.ranking_rows`); none listed, the workload's
+    ``batch_size`` option is the one.
 
     Raises:
         UsageError: one line saying what to give.
@@ -30,12 +31,6 @@ def micro_batch_sizes(
             f"{global_batch!r:.40}"
         )
     if not global_batch:
-        if len(sizes) > 1:
-            raise UsageError(
-                f"--micro-batches {','.join(map(str, sizes))}: give --global-batch N too, "
-                "the rows of one optimizer step (each size accumulates up to it), so that the "
-                "trials' step times are of the same work"
-            )
         return sizes
     if sizes == (0,):
         own = options.get("batch_size")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from budgettune.storage import Storage
 from budgettune.trial.cpu_cores import CPUS_ENV
-from budgettune.trial.launcher import launch_trial
+from budgettune.trial.launcher import launch_trial, run_env
 from budgettune.trial.results import TrialResult
 from budgettune.trial.servers import TrialServers
 from budgettune.trial.spec import TrialSpec
@@ -193,3 +193,26 @@ def stored_runs(
         ]
         for job in jobs
     ]
+
+
+def prestart_servers(
+    servers: TrialServers | None,
+    make_run: Callable[[TrialSpec], TrialRun],
+    base: TrialSpec,
+    devices: Sequence[str],
+    cpu_shares: Mapping[str, str],
+) -> None:
+    """Start a trial server for each device slot of the fresh runs now, so that the first
+    batch of re-verification forks from servers that have imported torch and the workload's
+    modules (issue 44: the trials ran in workers, whose servers the search's own process does
+    not share, and each of a 4-GPU search's 15 fresh runs spent 6-7 s importing them).
+    Nothing on one device slot (its runs go one at a time) or without servers (sharded)."""
+    if servers is None or len(devices) <= 1:
+        return
+    run = make_run(base)
+    envs = []
+    for device in devices:
+        share = cpu_shares.get(device)
+        extra = {CPUS_ENV: share} if share else None
+        envs.append(run_env(dataclasses.replace(run, device=device), extra))
+    servers.prestart(envs)

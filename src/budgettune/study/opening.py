@@ -137,13 +137,20 @@ OBJECTIVE_NAME = "step time (ms)"
 """What the trials' value is, as the dashboard names it (not "Objective 0")."""
 
 
-def name_objective(study: optuna.Study) -> None:
-    """Name the study's objective for the dashboard (once; older studies on their next
-    publish)."""
-    if study.metric_names != [OBJECTIVE_NAME]:
+def objective_name(rows: int = 0) -> str:
+    """The objective's name in a study whose step times are scaled to ``rows`` rows
+    (`SearchSpec.ranking_rows`; 0: as measured)."""
+    return OBJECTIVE_NAME if not rows else f"step time per {rows} rows (ms)"
+
+
+def name_objective(study: optuna.Study, rows: int = 0) -> None:
+    """Name the study's objective for the dashboard (when it is made; older studies on their
+    next publish)."""
+    name = objective_name(rows)
+    if study.metric_names != [name]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names([OBJECTIVE_NAME])
+            study.set_metric_names([name])
 
 
 def open_study(
@@ -165,7 +172,7 @@ def open_study(
         except optuna.exceptions.DuplicatedStudyError:
             pass
         else:
-            name_objective(study)
+            name_objective(study, search.ranking_rows)
             study.set_user_attr(SEARCH_ATTR, study_attrs(search))
             study.set_user_attr(SPEC_ATTR, search.to_json_dict())
             study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)

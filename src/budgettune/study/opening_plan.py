@@ -37,8 +37,11 @@ from budgettune.trial.spec import KNOB_BY_NAME
 _STATE = optuna.trial.TrialState
 
 
-def points_of(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> list[Point]:
-    """The study's trials as the opening sees them: measured ones with their figures, queued
+def points_of(
+    trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str, rows: int = 0
+) -> list[Point]:
+    """The study's trials as the opening sees them: measured ones with their figures (step
+    times scaled to ``rows`` rows, as the search ranks them: `TrialSpec.ranked_ms`), queued
     and running ones with the configuration they will measure (sampled ones only once
     measured)."""
     points = []
@@ -55,7 +58,9 @@ def points_of(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> li
                 finished=finished,
                 outcome=record.stored_outcome if finished else None,
                 peak_bytes=record.peak_bytes(mem_metric),
-                step_time_ms=record.step_time_ms,
+                step_time_ms=None
+                if record.step_time_ms is None
+                else spec.ranked_ms(record.step_time_ms, rows),
                 fits=None if record.violation_bytes is None else record.fits(),
             )
         )
@@ -86,14 +91,17 @@ def plan_opening(study: optuna.Study, search: SearchSpec, notice: Callable[[str]
     sizes = search.space.values_of(KNOB_BY_NAME["micro_batch"])
     if len(sizes) > 1 and not any(t.state is _STATE.WAITING for t in trials):
         step = next_batch_point(
-            points_of(trials, search.mem_metric), as_given(search), sizes, search.global_batch
+            points_of(trials, search.mem_metric, search.ranking_rows),
+            as_given(search),
+            sizes,
+            search.global_batch,
         )
         if step is not None:  # the batch finder's points before the structured opening
             enqueue_baseline(study, search, *step)
             return
     if not wants_structured_opening(search, study.user_attrs.get(TARGET_ATTR)):
         return
-    points = points_of(trials, search.mem_metric)
+    points = points_of(trials, search.mem_metric, search.ranking_rows)
     settled = {s.knob: s for s in settle(points, FULL_AC)}
     known = held(study.user_attrs)
     new = [s for knob, s in settled.items() if knob not in known]

@@ -145,7 +145,7 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     """
     search = searcher.search
     trials = searcher.study.get_trials(deepcopy=False)
-    candidates = feasible_candidates(trials, search.mem_metric)
+    candidates = feasible_candidates(trials, search.mem_metric, search.ranking_rows)
     if not candidates:
         unmeasured = nothing_measured_error(searcher)
         raise unmeasured if unmeasured is not None else no_feasible_error(searcher)

@@ -62,7 +62,8 @@ def publish_views(storage: ViewStore, study_name: str) -> None:
         StorageError: the storage could not be written.
     """
     study, figure, note, count = study_views(storage, study_name)
-    name_objective(study)  # a study made before its objective was named
+    if study.metric_names is None:  # a study made before its objective was named
+        name_objective(study)
     try:
         optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=PLOT_ID)
         optuna_dashboard.save_note(study, note)

@@ -106,6 +106,7 @@ def _ranked(
         mem_metric=search.mem_metric,
         margin=search.margin,
         host_limit_bytes=search.host_limit_bytes,
+        rows=search.ranking_rows,
     )
 
 

@@ -8,6 +8,7 @@ from budgettune import storage as storage_mod
 from budgettune.errors import UsageError
 from budgettune.storage.coordination import creation_lock, database_errors
 from budgettune.storage.engine import storage_files
+from budgettune.study.fresh import prestart_servers
 from budgettune.study.searcher import Searcher
 from budgettune.study.spec import SearchSpec
 from budgettune.study.study import SearchObserver, SearchOutcome
@@ -84,7 +85,13 @@ def run_search(
                 search=search,
                 storage_url=store.url,
                 observer=searcher.observer,
-                on_first_finished=searcher.prestart_servers,
+                on_first_finished=lambda: prestart_servers(
+                    searcher.servers,
+                    search.trial_run,
+                    search.base,
+                    searcher.devices,
+                    searcher.cpu_shares,
+                ),
             )
         else:
             searcher.observer.started(search.study_name, search.num_trials)

@@ -14,7 +14,7 @@ retry does): it excludes nothing. It never prints: progress goes to a callback t
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import socket
 import time
@@ -70,8 +70,8 @@ from budgettune.study.study import (
     TrialFailed,
 )
 from budgettune.study.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount, study_count
-from budgettune.trial.cpu_cores import CPUS_ENV, cpu_shares
-from budgettune.trial.launcher import launch_trial, run_env, trial_servers
+from budgettune.trial.cpu_cores import cpu_shares
+from budgettune.trial.launcher import launch_trial, trial_servers
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 
@@ -158,9 +158,9 @@ class Searcher:
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
         enqueued = trial.user_attrs.get(ENQUEUED_SPEC_ATTR)
         if enqueued is not None:
-            # Baselines are measured exactly as defined, whatever the space would suggest;
-            # suggest_spec still runs so the params match the distributions.
-            suggest_spec(trial, self.search.space, self.search.base)
+            # Baselines are measured as defined; suggest_spec matches the params to the
+            with contextlib.suppress(ValueError):  # distributions (unless queued out of them)
+                suggest_spec(trial, self.search.space, self.search.base)
             return TrialSpec.from_json_dict(enqueued)
         space = sampling_space(self.search, self.study.user_attrs)
         drawn = suggest_spec(trial, space, self.search.base, declared=self.search.space)
@@ -224,15 +224,15 @@ class Searcher:
         self._emit(trial.number, spec, result, fits=violation <= 0)
         if result.measurement is not None and self._below_steady(result):
             self.study.stop()
+        rows = self.search.ranking_rows  # samples per second, where trials differ in rows
         if violation > 0:
-            # Does not fit: pruned, so it is never Optuna's "best trial"; the sampler ranks it
-            # by the stored constraint. Its step time (if it has one) is its intermediate value,
-            # so the dashboard's history shows times, not bytes; an OOM has none.
+            # Does not fit: pruned, never Optuna's "best trial" (the sampler ranks it by the
+            # stored constraint); its step time, if any, is its intermediate value.
             if result.measurement is not None:
-                trial.report(result.measurement.step_time_ms, step=0)
+                trial.report(spec.ranked_ms(result.measurement.step_time_ms, rows), step=0)
             raise optuna.TrialPruned(f"does not fit: {result.outcome.value}")
         assert result.measurement is not None
-        return result.measurement.step_time_ms
+        return spec.ranked_ms(result.measurement.step_time_ms, rows)
 
     def _below_steady(self, result: TrialResult) -> bool:
         """A limit under params + grads + optimizer state: stop the study, keep the trial."""
@@ -276,8 +276,8 @@ class Searcher:
         )
 
     def best_feasible_ms(self) -> float | None:
-        """Fastest feasible step time in the study so far."""
-        return best_feasible_ms(self.study.get_trials(deepcopy=False))
+        """Fastest feasible step time in the study so far (as the search ranks it)."""
+        return best_feasible_ms(self.study.get_trials(deepcopy=False), self.search.ranking_rows)
 
     # -- the whole run -------------------------------------------------------------------
     def run_trials(self, max_trials: int | None = None) -> None:
@@ -380,25 +380,6 @@ class Searcher:
             first_repeat=[len(old) for old in kept],
         )
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
-
-    def prestart_servers(self) -> None:
-        """Start a trial server for each device slot of the fresh runs now, so that the first
-        batch of re-verification forks from servers that have imported torch and the workload's
-        modules (issue 44: the trials ran in workers, whose servers this process does not
-        share, and each of a 4-GPU search's 15 fresh runs spent 6-7 s importing them).
-        Nothing on one device slot (its runs go one at a time) or for sharded trials."""
-        if self.servers is None or len(self.devices) <= 1:
-            return
-        run = self.search.trial_run(self.search.base)
-        envs = []
-        for device in self.devices:
-            share = self.cpu_shares.get(device)
-            envs.append(
-                run_env(
-                    dataclasses.replace(run, device=device), {CPUS_ENV: share} if share else None
-                )
-            )
-        self.servers.prestart(envs)
 
     def close(self) -> None:
         """Stop this process's trial servers and drop its live-search entry (the study and

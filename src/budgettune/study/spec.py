@@ -213,6 +213,17 @@ class SearchSpec:
         """``spec`` with the accumulation up to the global batch (`batch.accumulated`)."""
         return accumulated(spec, self.global_batch)
 
+    @property
+    def ranking_rows(self) -> int:
+        """The rows every trial's step time is scaled to before the search ranks it
+        (`TrialSpec.ranked_ms`): the given micro-batch in a search over several micro-batches
+        without a global batch, whose trials step on rows of their own (so the search ranks
+        samples per second, issue 46); else 0, every trial's step being of the same rows."""
+        sizes = self.space.values_of(KNOB_BY_NAME["micro_batch"])
+        if self.global_batch or len(sizes) < 2:
+            return 0
+        return self.given_micro_batch()
+
     def given_micro_batch(self) -> int:
         """The baselines' micro-batch (`batch.given_micro_batch`)."""
         sizes = self.space.values_of(KNOB_BY_NAME["micro_batch"])

@@ -70,7 +70,9 @@ class Point:
     peak_bytes: int | None = None
     """Peak on the study's memory metric, when measured."""
     step_time_ms: float | None = None
-    """Median step time, when measured."""
+    """Median step time, when measured, as the search ranks it (`TrialSpec.ranked_ms`: in a
+    search over micro-batches without a global batch, scaled to the given micro-batch's
+    rows)."""
     fits: bool | None = None
     """Peak x (1 + margin) within the limit (None: not measured)."""
 

@@ -231,8 +231,8 @@ def as_given(search: SearchSpec) -> TrialSpec:
         "optimizer_impl": "as_written",
         "cuda_alloc_conf": "",
     }
-    if search.global_batch:
-        defaults["micro_batch"] = search.given_micro_batch()
+    if search.global_batch or search.ranking_rows:  # the baselines' rows are said, not the
+        defaults["micro_batch"] = search.given_micro_batch()  # workload's own
     # the fixed values win over those defaults
     return search.batched(
         search.base.replace(

@@ -158,7 +158,8 @@ class StudyTable(BaseModel):
         "rows per optimizer step (per rank), the same in every trial: each trial accumulates "
         "global_batch / micro_batch passes, and the search ranks time per optimizer step; "
         "with --micro-batches 2,4,8 it searches the micro-batch too (a size that does not "
-        "divide it is not tried)"
+        "divide it is not tried); without it, several micro-batches each step on their own "
+        "rows and the search ranks samples per second"
     )
     trials_per_gpu: Annotated[int, Field(ge=1, le=MAX_TRIALS_PER_GPU)] | None = _key(
         "trials run at once on each GPU (default 1): they take turns on it, so that only "

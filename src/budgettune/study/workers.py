@@ -277,10 +277,8 @@ def run_gpu_workers(
     on_first_finished: Callable[[], None] | None = None,
 ) -> int:
     """Run one worker process per GPU (per group of ``nproc_per_node`` GPUs for sharded
-    trials) until the study's target is met and none of its trials runs; workers still
-    exiting then are left to exit (reaped by a thread of their own: issue 44, the 16 workers
-    of a 4-GPU search took 4-6 s to close their trial servers and exit, on the search's
-    critical path before its re-verification).
+    trials) until the study's target is met and none of its trials runs (workers still
+    exiting are reaped by a thread: issue 44, they took 4-6 s before the re-verification).
 
     Their output goes to ``<runs_dir>/<study>/workers/cuda<N>.log`` (``cuda<N>_<M>.log``).
 
@@ -291,8 +289,7 @@ def run_gpu_workers(
         storage_url: the study's storage, handed to the workers in `STORAGE_ENV`.
         observer: told how many trials finished.
         on_first_finished: called once, when the first trial of this search has finished
-            (the workers' first trials have started by then: what it starts competes with
-            them less), e.g. `Searcher.prestart_servers`.
+            (`fresh.prestart_servers`: the workers' first trials have imported by then).
 
     Returns:
         Trials finished while they ran.
@@ -340,9 +337,9 @@ def run_gpu_workers(
     except BaseException:
         _stop(workers)
         raise
-    exiting = [process for _, process, _ in workers if process.poll() is None]
-    if exiting:
-        threading.Thread(target=_reap, args=(exiting,), daemon=True).start()
+    for _, process, _ in workers:  # those past the target still exiting: reaped by a thread
+        if process.poll() is None:
+            threading.Thread(target=process.wait, daemon=True).start()
     with database_errors(storage_url):
         end = study.count()
     observer.trials_finished(end.finished - start.finished, study.best_feasible_ms())
@@ -376,12 +373,6 @@ def _start_worker(
             env=env,
         )
     return group_device(group), process, log_path
-
-
-def _reap(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    """Wait for each of ``processes`` to exit (a worker past the study's target)."""
-    for process in processes:
-        process.wait()
 
 
 def _stop(workers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:

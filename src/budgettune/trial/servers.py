@@ -318,10 +318,8 @@ class TrialServers:
 
     def prestart(self, envs: Sequence[Mapping[str, str]]) -> None:
         """Start one server for each of ``envs`` (an environment twice: two servers) now,
-        before any trial asks for them, so that trials that will come at once (a batch of
-        fresh runs over every slot of the search) each find one ready (issue 44: on four
-        GPUs the re-verification's 15 processes each imported torch and transformers for
-        6-7 s, on the search's critical path)."""
+        so that trials that will come at once (a batch of fresh runs over every slot of a
+        search) each find one ready (issue 44: 6-7 s of imports each, on four GPUs)."""
         with self._lock:
             if self.disabled:
                 return
@@ -391,8 +389,7 @@ def _started(entry: _Server | Future[_Server]) -> _Server | Future[_Server]:
 
 
 def _ready_now(server: _Server) -> bool:
-    """Whether ``server`` has said it is ready, without waiting (one that has exited is not:
-    the trial that takes it finds that out and starts as a new process)."""
+    """Whether ``server`` has said it is ready, without waiting (one that exited is not)."""
     try:
         return server.poll_ready(0.0)
     except ServerGone:

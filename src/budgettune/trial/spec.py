@@ -283,6 +283,15 @@ class TrialSpec:
         workload's own (known only once built)."""
         return self.micro_batch * self.accum_steps
 
+    def ranked_ms(self, step_time_ms: float, rows: int = 0) -> float:
+        """A step time as a search ranks it: scaled to ``rows`` rows per optimizer step, so
+        that configurations of different micro-batches compare by samples per second (a
+        search over micro-batches without a global batch: issue 46); as it is when ``rows`` is
+        0 (every trial's step is of the same rows) or the rows are the workload's own."""
+        if not rows or not self.samples_per_step:
+            return step_time_ms
+        return step_time_ms * rows / self.samples_per_step
+
     @property
     def is_compiled(self) -> bool:
         """Whether the model goes through `torch.compile` (the partitioner knobs matter)."""
