@@ -115,6 +115,12 @@ class StorageError(BudgettuneError):
     """The study storage cannot be reached or used."""
 
 
+READ_ERRORS = (ValueError, TypeError, LookupError, RecursionError, OverflowError, AttributeError)
+"""What decoding a damaged stored row raises (`json.JSONDecodeError` is a `ValueError`, a state
+SQLAlchemy's enum does not know a `LookupError`):
+`budgettune.storage.unreadable` tells it in one line."""
+
+
 class SchemaBehindError(StorageError):
     """The database schema is older than this budgettune; `budgettune db upgrade` fixes it."""
 

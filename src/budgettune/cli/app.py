@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from budgettune.errors import BudgettuneError, UsageError, terminal_safe
+from budgettune.errors import READ_ERRORS, BudgettuneError, UsageError, terminal_safe
 from budgettune.study.spec import DEFAULT_RUNS_DIR
 from budgettune.trial.processes import Terminated, sigterm_raises
 
@@ -130,6 +130,14 @@ def handles_errors(command: F) -> F:
                 raise
             print_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except READ_ERRORS as exc:  # one line when stored data could not be read (P6-2)
+            from budgettune.storage.unreadable import unreadable_data  # the storage is heavy
+
+            unreadable = unreadable_data(exc)
+            if unreadable is None or _state["debug"]:
+                raise
+            print_error(str(unreadable))
+            raise typer.Exit(unreadable.exit_code) from None
         except KeyboardInterrupt as exc:
             stderr.print("interrupted; finished work is kept", highlight=False)
             raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None

@@ -1,0 +1,70 @@
+"""Issue 48's P6-2: rows of a study database that budgettune did not write (edited by hand,
+or damaged) are one line and a non-zero exit in every reader, not a traceback."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from budgettune import storage as storage_mod
+from budgettune.cli import app
+from budgettune.storage.unreadable import unreadable_data
+
+BREAKS = {
+    "trial attr not JSON": "update trial_user_attributes set value_json='{\"x\"' where key='spec'",
+    "trial attr 5000 deep": "update trial_user_attributes set value_json='"
+    + "[" * 5000
+    + "]" * 5000
+    + "' where key='spec'",
+    "trial attr a word": "update trial_user_attributes set value_json='\"many\"' "
+    "where key='step_time_ms'",
+    "distribution not JSON": "update trial_params set distribution_json='{bad'",
+    "state unknown": "update trials set state='EVIL'",
+    "study attr not JSON": "update study_user_attributes set value_json='{garbage' "
+    "where key='search_spec'",
+}
+
+
+@pytest.fixture(scope="module")
+def study_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A study with one finished trial, made as budgettune makes its storage (no trial run)."""
+    path = tmp_path_factory.mktemp("db") / "s.db"
+    store = storage_mod.open_storage(f"sqlite:///{path}")
+    study = optuna.create_study(study_name="s", storage=store.optuna_storage)
+    study.set_user_attr("search_spec", {"workload": "builtin:tiny-gpt"})
+    trial = study.ask({"activation_memory_budget": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("spec", {"activation_memory_budget": 0.5})
+    trial.set_user_attr("step_time_ms", 12.5)
+    study.tell(trial, 12.5)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+@pytest.mark.parametrize("command", [["show"], ["show", "--json"]])
+def test_a_damaged_row_is_one_line_in_every_reader(
+    study_db: Path, tmp_path: Path, name: str, command: list[str]
+) -> None:
+    damaged = tmp_path / "d.db"
+    with sqlite3.connect(study_db) as source, sqlite3.connect(damaged) as connection:
+        source.backup(connection)  # the database in WAL mode: its rows, not its main file
+        connection.execute(BREAKS[name])
+    result = CliRunner().invoke(app, [*command, "--storage", str(damaged), "--study", "s"])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output + result.stderr
+    assert "stored data cannot be read" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_fault_outside_the_storage_keeps_its_traceback() -> None:
+    try:
+        {}["missing"]  # noqa: B018 - a KeyError raised here, not in a storage reader
+    except KeyError as exc:
+        assert unreadable_data(exc) is None
+    try:
+        raise RuntimeError("not a read error")
+    except RuntimeError as exc:
+        assert unreadable_data(exc) is None
