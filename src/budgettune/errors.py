@@ -7,6 +7,11 @@
 from __future__ import annotations
 
 
+def shown_path(path: str) -> str:
+    """A path as one printable line (its newlines and control characters as escapes)."""
+    return terminal_safe(path, 200).replace("\n", "\\n")
+
+
 def first_line(text: str) -> str:
     """The first non-blank line of ``text``, stripped ("" when there is none)."""
     for line in text.splitlines():

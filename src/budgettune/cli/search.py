@@ -23,7 +23,7 @@ from budgettune.cli.app import (
 from budgettune.cli.knob_options import search_parameters, space_values, with_options
 from budgettune.cli.progress import SearchProgress
 from budgettune.cli.study_options import study_flags, study_parameters
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, shown_path
 
 
 def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -> list[Any] | None:
@@ -134,7 +134,9 @@ def search(
     stdout.print(
         f"{outcome.trials_run} trials run and the pin re-verified in "
         f"{time.monotonic() - started:.0f} s; study {outcome.study_name!r} in "
-        f"{outcome.storage_url}; pinned config written to {output}"
+        f"{outcome.storage_url}; pinned config written to {shown_path(str(output))}",
+        highlight=False,
+        markup=False,
     )
 
 

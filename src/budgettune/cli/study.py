@@ -20,7 +20,7 @@ from budgettune.cli.app import (
     stderr,
     stdout,
 )
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, shown_path
 from budgettune.study.spec import DEFAULT_TRIAL_TIMEOUT_S, MAX_REVERIFY_RUNS, check_seconds
 
 
@@ -62,7 +62,7 @@ def show(
     from budgettune.present.tables import pin_table, study_tables
 
     if plot is not None:
-        from budgettune.present.plot import check_plot_output, shown_path, write_plot
+        from budgettune.present.plot import check_plot_output, write_plot
         from budgettune.present.report import resolve_study_name
         from budgettune.storage import open_storage
         from budgettune.study.publish import study_views
@@ -184,7 +184,7 @@ def export(
             )
         return
     if str(write_pin(output, document)) != "-":  # "-": the pin alone on stdout
-        stdout.print(f"wrote {output}")
+        stdout.print(f"wrote {shown_path(str(output))}", highlight=False, markup=False)
 
 
 def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:

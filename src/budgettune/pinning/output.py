@@ -64,9 +64,12 @@ STDOUT = "-"
 
 
 def same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one file, followed through links, existing or not yet."""
+    """Whether two paths name one file, followed through links, existing or not yet (or
+    two hard links of one file: issue 48's P6-3)."""
     try:
-        return a.resolve() == b.resolve()
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
     except (OSError, RuntimeError):  # a link loop
         return False
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import BudgettuneError, UsageError, terminal_safe
+from budgettune.errors import BudgettuneError, UsageError, shown_path
 from budgettune.pinning.output import same_file
 
 PLOT_SUFFIXES = (".html", ".png")
@@ -30,11 +30,6 @@ _MARKERS = {"circle": "o", "x": "x", "x-thin-open": "1", "star": "*"}
 MARK = "budgettune show --plot"
 """What a plot budgettune wrote carries (an HTML comment, the PNG's Software text), so that
 ``--plot`` replaces only such a file without ``--force`` (the fifth probe: it replaced any)."""
-
-
-def shown_path(path: str) -> str:
-    """A path as one printable line (its newlines and control characters as escapes)."""
-    return terminal_safe(path, 200).replace("\n", "\\n")
 
 
 def is_written_plot(path: Path) -> bool:

@@ -155,7 +155,7 @@ def verify_pin(
         spec=pinned.spec,
         workload=reference,
         workload_options=pin.workload_options,
-        device=device or pin.device,
+        device=pin.device if device is None else device,  # "" is refused, not the default
         cache_root=None,
         # a sharded pin is re-measured as it was measured: the same number of ranks
         nproc_per_node=pin.world_size,

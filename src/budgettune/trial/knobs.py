@@ -142,6 +142,9 @@ class Knob:
             raise SpecError(f"{what}: {text!r} is not true or false")
         if self.value_type in (int, float):
             try:
+                integer = raw[1:] if raw.startswith("-") else raw
+                if not raw.isascii() or (self.value_type is int and not integer.isdigit()):
+                    raise ValueError(raw)  # Python's int() also reads "+2", "２" and "1_6"
                 return self.value_type(raw)
             except ValueError:
                 kind = "an integer" if self.value_type is int else "a number"

@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -341,9 +342,16 @@ def _start(
 
 def open_log(path: Path) -> BinaryIO:
     """The trial log, opened to append, never through a symbolic link (``O_NOFOLLOW``: a
-    ``trial.log`` planted as a link to another file is an `OSError`, the folder's fault)."""
+    ``trial.log`` planted as a link to another file is an `OSError`, the folder's fault), and
+    only as a regular file (``O_NONBLOCK``: one planted as a FIFO does not block the open,
+    issue 48's P6-6)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    return os.fdopen(os.open(path, flags, 0o644), "ab")
+    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
 
 
 def _log_line(log: IO[bytes], text: str) -> None:

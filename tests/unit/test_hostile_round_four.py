@@ -1,0 +1,68 @@
+"""Issue 48, the sixth hostile probe's findings (benchmarks/results/cpu-hostile-probe-2026-11-28/
+findings-6.md): each case fails before its fix and passes after."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from storage_samples import pin_document
+from typer.testing import CliRunner
+
+from budgettune.cli import app
+from budgettune.errors import SpecError, TrialInfrastructureError
+from budgettune.pinning.output import same_file
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
+from budgettune.trial.trial_run import TrialRun
+
+runner = CliRunner()
+
+
+def test_p6_3_a_hard_link_of_the_database_is_the_same_file(tmp_path: Path) -> None:
+    database, other = tmp_path / "s.db", tmp_path / "hard.db"
+    database.write_bytes(b"SQLite format 3\x00")
+    os.link(database, other)
+    assert same_file(other, database)  # so --output hard.db --force is refused as the study's
+    (tmp_path / "copy.db").write_bytes(database.read_bytes())
+    assert not same_file(tmp_path / "copy.db", database)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_p6_6_a_fifo_planted_as_the_trial_log_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    os.mkfifo(folder / "trial.log")
+    run = TrialRun(spec=TrialSpec(), workload="builtin:tiny-gpt", device="cpu", cache_root=None)
+    with pytest.raises(TrialInfrastructureError, match="trial.log"):
+        launch_trial(run, run_dir=folder, timeout_s=10)
+
+
+def test_p6_7_the_written_pins_path_is_printed_on_one_line(tmp_path: Path) -> None:
+    pin = tmp_path / "pin.json"
+    pin.write_text(json.dumps(pin_document(TrialSpec())), encoding="utf-8")
+    out = tmp_path / "a\nb.json"
+    result = runner.invoke(app, ["export", "--pin", str(pin), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+    assert result.stdout.strip().endswith("a\\nb.json")  # the newline as its escape
+    assert len(result.stdout.strip().splitlines()) == 1
+
+
+def test_p6_12_verify_refuses_an_empty_device(tmp_path: Path) -> None:
+    pin = tmp_path / "pin.json"
+    pin.write_text(json.dumps(pin_document(TrialSpec())), encoding="utf-8")
+    result = runner.invoke(
+        app, ["verify", "--pin", str(pin), "--device", "", "--allow-other-workload"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "device must be" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ["２", "+2", "1_6", "٤"])
+def test_p6_13_a_micro_batch_is_ascii_digits_in_a_list_too(text: str) -> None:
+    with pytest.raises(SpecError, match="is not an integer"):
+        KNOB_BY_NAME["micro_batch"].parse(text, what="--micro-batches")
+    assert KNOB_BY_NAME["micro_batch"].parse(" 8 ", what="--micro-batches") == 8
