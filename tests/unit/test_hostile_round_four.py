@@ -12,7 +12,7 @@ from storage_samples import pin_document
 from typer.testing import CliRunner
 
 from budgettune.cli import app
-from budgettune.errors import SpecError, TrialInfrastructureError
+from budgettune.errors import SpecError, TrialInfrastructureError, UsageError
 from budgettune.pinning.output import same_file
 from budgettune.trial.launcher import launch_trial
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
@@ -66,3 +66,25 @@ def test_p6_13_a_micro_batch_is_ascii_digits_in_a_list_too(text: str) -> None:
     with pytest.raises(SpecError, match="is not an integer"):
         KNOB_BY_NAME["micro_batch"].parse(text, what="--micro-batches")
     assert KNOB_BY_NAME["micro_batch"].parse(" 8 ", what="--micro-batches") == 8
+
+
+def test_p6_4_only_files_budgettune_wrote_are_replaced_without_force(tmp_path: Path) -> None:
+    from budgettune.present.plot import check_plot_output
+
+    notes = tmp_path / "notes.html"
+    notes.write_text("<p>made with `budgettune show --plot`</p>", encoding="utf-8")
+    with pytest.raises(UsageError, match="--force"):
+        check_plot_output(str(notes))
+    config = tmp_path / "app.json"  # a user's JSON with the two keys a pin has
+    config.write_text('{"schema_version": 1, "spec": {}, "mine": true}', encoding="utf-8")
+    pin = tmp_path / "pin.json"
+    pin.write_text(json.dumps(pin_document(TrialSpec())), encoding="utf-8")
+    refused = runner.invoke(app, ["export", "--pin", str(pin), "--output", str(config)])
+    assert refused.exit_code == 2 and "--force" in refused.stderr, refused.output
+    assert "mine" in config.read_text(encoding="utf-8")
+    again = runner.invoke(app, ["export", "--pin", str(pin), "--output", str(pin)])
+    assert again.exit_code != 0  # the pin being read is never the output (as before)
+    other = tmp_path / "other.json"
+    other.write_text(pin.read_text(encoding="utf-8"), encoding="utf-8")  # a pin it wrote
+    replaced = runner.invoke(app, ["export", "--pin", str(pin), "--output", str(other)])
+    assert replaced.exit_code == 0, replaced.output

@@ -50,13 +50,16 @@ def read_pin_bytes(path: object) -> bytes:
 
 
 def is_written_pin(path: Path) -> bool:
-    """Whether ``path`` holds a pinned config budgettune wrote (a JSON object with its schema
-    version and spec): one that ``--output`` may replace without ``--force``."""
+    """Whether ``path`` holds a pinned config budgettune wrote (one its pin schema reads,
+    `parse_pin`: not any JSON object with a schema version and a spec, issue 48's P6-4): one
+    that ``--output`` may replace without ``--force``."""
+    from budgettune.pinning.pinned import parse_pin  # it imports this module's neighbours
+
     try:
-        data = json.loads(read_pin_bytes(path))
-    except (OSError, ValueError, RecursionError):
+        parse_pin(json.loads(read_pin_bytes(path)))
+    except (OSError, ValueError, RecursionError, BudgettuneError):
         return False
-    return isinstance(data, dict) and "schema_version" in data and "spec" in data
+    return True
 
 
 STDOUT = "-"

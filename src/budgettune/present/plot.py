@@ -33,13 +33,16 @@ MARK = "budgettune show --plot"
 
 
 def is_written_plot(path: Path) -> bool:
-    """Whether ``path`` holds a plot budgettune wrote (its mark near the start)."""
+    """Whether ``path`` holds a plot budgettune wrote: an HTML file that starts with its mark,
+    or a PNG whose Software text is it (not any file naming it, issue 48's P6-4)."""
     try:
         with path.open("rb") as handle:
             head = handle.read(8192)
     except OSError:
         return False
-    return MARK.encode() in head
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return b"tEXtSoftware\x00" + MARK.encode() in head
+    return head.startswith(f"<!-- {MARK} -->\n".encode())
 
 
 def check_plot_output(path: str, *, protected: Sequence[Path] = (), force: bool = False) -> Path:
