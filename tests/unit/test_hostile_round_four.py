@@ -19,6 +19,7 @@ from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
 from budgettune.trial.trial_run import TrialRun
 
 runner = CliRunner()
+STUDY = Path(__file__).resolve().parents[2] / "studies" / "tiny-gpt-cpu.toml"
 
 
 def test_p6_3_a_hard_link_of_the_database_is_the_same_file(tmp_path: Path) -> None:
@@ -88,3 +89,21 @@ def test_p6_4_only_files_budgettune_wrote_are_replaced_without_force(tmp_path: P
     other.write_text(pin.read_text(encoding="utf-8"), encoding="utf-8")  # a pin it wrote
     replaced = runner.invoke(app, ["export", "--pin", str(pin), "--output", str(other)])
     assert replaced.exit_code == 0, replaced.output
+
+
+@pytest.mark.parametrize(
+    "setting", ["max_split_size_mb:abc", "expandable_segments:maybe", "backend:magic"]
+)
+def test_p6_5_an_allocator_value_torch_refuses_is_refused_before_any_trial(
+    setting: str, tmp_path: Path
+) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "search", str(STUDY), "--cuda-alloc-confs", f"default,{setting}",
+            "--num-trials", "1", "--storage", str(tmp_path / "s.db"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "torch takes" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s.db").exists()

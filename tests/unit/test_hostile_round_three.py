@@ -73,7 +73,8 @@ def test_p5_an_allocator_value_torch_refuses_is_one_line_and_leaves_the_variable
     from budgettune.trial.allocator import ENV_VAR, apply_allocator_settings
 
     monkeypatch.setenv(ENV_VAR, "")
-    with pytest.raises(SpecError, match=f"cuda_alloc_conf '{setting}': torch refuses it"):
+    # refused before torch sees it since the sixth probe (P6-5), torch's own refusal before
+    with pytest.raises(SpecError, match=f"cuda_alloc_conf:? '{setting}': torch (refuses|takes)"):
         apply_allocator_settings(setting)
     assert os.environ[ENV_VAR] == ""
 

@@ -33,6 +33,22 @@ ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 """The variable the trial child sets and a launch script exports."""
 SETTING_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[A-Za-z0-9_.+-]+$")
 """One ``key:value`` of the allocator's settings (``expandable_segments:True``)."""
+_FLAG = (re.compile(r"True|False"), "True or False")
+_COUNT = (re.compile(r"[0-9]{1,9}"), "a whole number (at most 9 digits)")
+KNOWN_VALUES = {
+    "expandable_segments": _FLAG,
+    "release_lock_on_cudamalloc": _FLAG,
+    "pinned_use_cuda_host_register": _FLAG,
+    "pinned_use_background_threads": _FLAG,
+    "max_split_size_mb": _COUNT,
+    "roundup_power2_divisions": _COUNT,
+    "pinned_num_register_threads": _COUNT,
+    "garbage_collection_threshold": (re.compile(r"0?\.[0-9]{1,6}"), "a fraction like 0.6"),
+    "backend": (re.compile(r"native|cudaMallocAsync"), "native or cudaMallocAsync"),
+}
+"""The values torch's allocator takes for the settings it documents (issue 48's P6-5: torch
+refused ``max_split_size_mb:abc`` and ``expandable_segments:maybe`` only in the trial, whose
+child died without a result); a key not listed (a newer torch's) is left to torch."""
 STARTUP_ONLY_KEYS = frozenset({"backend"})
 """Settings torch reads once, when CUDA starts (``backend:cudaMallocAsync``)."""
 
@@ -54,6 +70,9 @@ def parse_settings(text: str) -> dict[str, str]:
                 "by commas, e.g. expandable_segments:True"
             )
         key, _, value = entry.partition(":")
+        pattern, allowed = KNOWN_VALUES.get(key, (None, ""))
+        if pattern is not None and not pattern.fullmatch(value):
+            raise SpecError(f"cuda_alloc_conf: {entry!r}: torch takes {key} as {allowed}")
         settings[key] = value
     return settings
 
