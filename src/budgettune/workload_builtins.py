@@ -23,6 +23,13 @@ class BuiltinWorkload:
     """One line for the listing."""
     default_device: str
     """``cpu`` or ``cuda``: where it is meant to run."""
+    options: Mapping[str, type]
+    """Its builder's options and their types, so that the parent refuses an option it does not
+    take, or of another type, before any trial (issue 48's P6-10; a test holds the table to the
+    builders' signatures)."""
+
+
+_SIZES = ("batch_size", "n_layers", "n_heads")
 
 
 BUILTINS: tuple[BuiltinWorkload, ...] = (
@@ -31,6 +38,10 @@ BUILTINS: tuple[BuiltinWorkload, ...] = (
         target="budgettune.workloads.tiny_gpt:build",
         description="4-layer GPT, d_model 256, B=4 T=192, fp32: ~0.3 s/step, ~140 MB on CPU",
         default_device="cpu",
+        options={
+            **dict.fromkeys(("vocab_size", "d_model", *_SIZES, "seq_len", "seed"), int),
+            "tie_embeddings": bool,
+        },
     ),
     BuiltinWorkload(
         name="llama",
@@ -40,12 +51,23 @@ BUILTINS: tuple[BuiltinWorkload, ...] = (
             "the GPU reference"
         ),
         default_device="cuda",
+        options={
+            **dict.fromkeys(
+                ("dim", *_SIZES, "n_kv_heads", "ffn_dim", "vocab_size", "seq_len", "seed"), int
+            ),
+            "rope_theta": float,
+            "tie_embeddings": bool,
+            "fp32_loss": bool,
+        },
     ),
     BuiltinWorkload(
         name="vit",
         target="budgettune.workloads.vit:build",
         description="ViT-B/16 shape (86M params, bf16), 224px images, B=64",
         default_device="cuda",
+        options=dict.fromkeys(
+            ("image_size", "patch_size", "dim", *_SIZES, "mlp_dim", "num_classes", "seed"), int
+        ),
     ),
 )
 """The built-in workloads, referenced as ``builtin:NAME``."""
@@ -56,14 +78,44 @@ BUILTIN_MAX_LAYERS, BUILTIN_MAX_SIZE = 1024, 2**20
 
 
 def check_builtin_bounds(ref: str, options: Mapping[str, Any]) -> None:
-    """The bounds of a built-in's size options, in the parent (no torch): each an integer
-    from 1 to its bound (the fifth probe: refused only in the trial child, exit 1).
+    """A built-in's options, in the parent (no torch): each one its builder takes, of its
+    type, a size an integer from 1 to its bound, a seed one torch takes (the fifth and sixth
+    probes: refused only in the trial child, exit 1 after a crashed trial).
 
     Raises:
         WorkloadError: in one line.
     """
+    name_of = ref.removeprefix("builtin:")
+    entry = next((e for e in BUILTINS if e.name == name_of), None)
+    if entry is None:
+        return  # not a built-in: `check_reference` says so
     for name, value in options.items():
-        if name in ("seed", "rope_theta") or isinstance(value, bool | str):
+        kind = entry.options.get(name)
+        if kind is None:
+            raise WorkloadError(
+                f"workload {ref} takes no option {name!r:.40}; it takes "
+                + ", ".join(sorted(entry.options))
+            )
+        if kind is bool and not isinstance(value, bool):
+            raise WorkloadError(
+                f"workload {ref}: option {name} is true or false, got {value!r:.40}"
+            )
+        if kind is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise WorkloadError(
+                    f"workload {ref}: option {name} must be a number, got {value!r:.40}"
+                )
+            if not 0 < value <= 1e12:
+                raise WorkloadError(f"workload {ref}: option {name} must be above 0, at most 1e12")
+            continue
+        if kind is bool:
+            continue
+        if name == "seed":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise WorkloadError(
+                    f"workload {ref}: option seed must be an integer from 0 to 2**63 - 1, got "
+                    f"{value!r:.40}"
+                )
             continue
         most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
         if not isinstance(value, int):

@@ -107,3 +107,46 @@ def test_p6_5_an_allocator_value_torch_refuses_is_refused_before_any_trial(
     assert result.exit_code == 2, result.output
     assert "torch takes" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize(
+    "option, fragment",
+    [
+        ("unknown=1", "takes no option 'unknown'"),
+        ("n_layers=x", "must be an integer"),
+        ("seed=1e30", "option seed must be an integer"),
+        ("tie_embeddings=maybe", "true or false"),
+    ],
+)
+def test_p6_10_a_builtins_options_are_checked_before_any_trial(
+    option: str, fragment: str, tmp_path: Path
+) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "search",
+            str(STUDY),
+            "-o",
+            option,
+            "--num-trials",
+            "1",
+            "--storage",
+            str(tmp_path / "s.db"),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_the_builtin_option_tables_are_the_builders_signatures() -> None:
+    import importlib
+    import inspect
+
+    from budgettune.workload_builtins import BUILTINS
+
+    for entry in BUILTINS:
+        module, fn = entry.target.split(":")
+        parameters = inspect.signature(getattr(importlib.import_module(module), fn)).parameters
+        taken = {name: type(p.default) for name, p in parameters.items() if name != "device"}
+        assert taken == dict(entry.options), entry.name

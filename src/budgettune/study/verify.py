@@ -135,7 +135,7 @@ def verify_pin(
     pin = pinned.pin
     reference = pin.workload
     try:
-        check_reference(reference)
+        check_reference(reference, pin.workload_options)  # a built-in's options too (P6-10)
     except WorkloadError as exc:
         file_part = reference.rsplit(":", 1)[0]
         if file_part.endswith(".py") and not Path(file_part).is_absolute():
