@@ -150,3 +150,19 @@ def test_the_builtin_option_tables_are_the_builders_signatures() -> None:
         parameters = inspect.signature(getattr(importlib.import_module(module), fn)).parameters
         taken = {name: type(p.default) for name, p in parameters.items() if name != "device"}
         assert taken == dict(entry.options), entry.name
+
+
+def test_p6_11_export_of_a_study_without_a_pin_is_bad_input_not_nothing_fits(
+    tmp_path: Path,
+) -> None:
+    import optuna
+
+    from budgettune import storage as storage_mod
+
+    store = storage_mod.open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    optuna.create_study(study_name="s", storage=store.optuna_storage)
+    result = runner.invoke(
+        app, ["export", "--storage", str(tmp_path / "s.db"), "--study", "s", "--output", "-"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "has no pinned config yet" in result.stderr

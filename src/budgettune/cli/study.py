@@ -188,17 +188,25 @@ def export(
 
 
 def _study_pin(study: str | None, storage: str | None) -> dict[str, object]:
-    """The study's current pin, or `NoFeasibleConfigError` saying how to get one."""
+    """The study's current pin, or a `UsageError` saying how to get one (exit 2: a study
+    without a pin is not one where nothing fits, issue 48's P6-11)."""
+    import json
+
     from budgettune import storage as storage_mod
-    from budgettune.errors import NoFeasibleConfigError
+    from budgettune.pinning.output import PIN_SIZE_LIMIT
     from budgettune.present.report import resolve_study_name
 
     store = storage_mod.open_storage(storage, create=False)
     name = resolve_study_name(store, study)
     found = store.latest_pin(name)
     if found is None:
-        raise NoFeasibleConfigError(
+        raise UsageError(
             f"study {name!r} has no pinned config yet; run `budgettune search --study-name {name}`"
+        )
+    if len(json.dumps(found)) > PIN_SIZE_LIMIT:  # what no reader of a pin file would take
+        raise UsageError(
+            f"study {name!r}: its stored pin is larger than {PIN_SIZE_LIMIT >> 20} MiB, no pin "
+            "budgettune wrote; run the search again to pin anew"
         )
     return dict(found)
 
