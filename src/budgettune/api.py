@@ -35,10 +35,11 @@ from budgettune.errors import UsageError
 from budgettune.integrations.trainer_workload import write_workload
 from budgettune.pinning import PinnedConfig, check_pin_output, load_pinned, write_pin
 from budgettune.study.run import run_search
-from budgettune.study.spec import MemMetric, Sampler
+from budgettune.study.spec import MAX_LIMIT_BYTES, MIN_LIMIT_BYTES, MemMetric, Sampler
 from budgettune.study.study_file import build_search_spec, merge, read_study_file
 from budgettune.study.study_schema import check_study_values
 from budgettune.study.workers import gpu_groups, group_device
+from budgettune.units import parse_bytes
 
 Builder = Callable[..., Any]
 
@@ -156,7 +157,7 @@ def search(
         "top_k": top_k,
         "reverify_runs": reverify_runs,
         "trial_timeout_s": trial_timeout_s,
-        "runs_dir": None if runs_dir is None else str(runs_dir),
+        "runs_dir": None if runs_dir is None else _path("runs_dir", runs_dir),
         "compile_cache": compile_cache,
         "sampler": sampler,
         "sampler_seed": sampler_seed,
@@ -164,9 +165,9 @@ def search(
         "collective_timeout_s": collective_timeout_s,
         "global_batch": global_batch,
         "trials_per_gpu": trials_per_gpu,
-        "space": None if space is None else dict(space),
-        "fix": None if fix is None else dict(fix),
-        "trial": None if trial is None else dict(trial),
+        "space": _table("space", space),
+        "fix": _table("fix", fix),
+        "trial": _table("trial", trial),
     }
     settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     settings = check_study_values("budgettune.search()", settings)
@@ -174,6 +175,8 @@ def search(
     check_pin_output(output, what="output", force=force, protected=read)  # before any write
     output = Path(output)  # (checked first: a trailing slash, which Path drops, names a folder)
     if _is_trainer(build):
+        # the limit read before the workload folder is written (issue 48's P6-9)
+        parse_bytes(max_mem, what="max_mem", min_bytes=MIN_LIMIT_BYTES, max_bytes=MAX_LIMIT_BYTES)
         build = write_workload(build, workload_dir)
     reference, import_root = builder_reference(build)
     file_values = read_study_file(study_file) if study_file is not None else {}
@@ -202,6 +205,25 @@ def search(
             outcome = run_search(spec, None, gpus=gpu_list)
     write_pin(output, outcome.pin)
     return load_pinned(output)
+
+
+def _path(name: str, value: object) -> str:
+    """A path keyword as text, or one line when it is not a path (issue 48's P6-9)."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        raise UsageError(f"budgettune.search: {name} takes a path; got {value!r:.80}")
+    return str(os.fspath(value))
+
+
+def _table(name: str, value: object) -> dict[str, Any] | None:
+    """A table keyword (``space``, ``fix``, ``trial``) as a dict, or one line when it is not a
+    mapping (issue 48's P6-8: ``space=[1]`` was a raw TypeError)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise UsageError(
+            f"budgettune.search: {name} takes a mapping, e.g. {name}={{...}}; got {value!r:.80}"
+        )
+    return dict(value)
 
 
 def _check_arguments(
@@ -240,7 +262,11 @@ def _check_arguments(
     ):
         if value is None and optional:
             continue
-        if not isinstance(value, (str, os.PathLike)) or "\0" in os.fspath(value):
+        if (
+            not isinstance(value, (str, os.PathLike))
+            or "\0" in os.fspath(value)
+            or not os.fspath(value).strip()  # "" would be the current folder (P6-9)
+        ):
             raise UsageError(f"budgettune.search: {name} takes a path; got {value!r:.80}")
     for name, value in (("force", force), ("progress", progress)):
         if not isinstance(value, bool):

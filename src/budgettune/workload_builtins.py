@@ -118,7 +118,7 @@ def check_builtin_bounds(ref: str, options: Mapping[str, Any]) -> None:
                 )
             continue
         most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
-        if not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, int):  # True is no size (P6-9)
             raise WorkloadError(
                 f"workload {ref}: option {name} must be an integer, got {value!r:.40}"
             )

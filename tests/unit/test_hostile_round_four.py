@@ -166,3 +166,31 @@ def test_p6_11_export_of_a_study_without_a_pin_is_bad_input_not_nothing_fits(
     )
     assert result.exit_code == 2, result.output
     assert "has no pinned config yet" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "keywords, fragment",
+    [
+        ({"space": [1]}, "space takes a mapping"),
+        ({"fix": "a=1"}, "fix takes a mapping"),
+        ({"trial": 5}, "trial takes a mapping"),
+        ({"runs_dir": 123}, "runs_dir takes a path"),
+        ({"runs_dir": ""}, "runs_dir takes a path"),
+        ({"options": {"n_layers": True}}, "must be an integer"),
+    ],
+)
+def test_p6_8_p6_9_api_keywords_of_the_wrong_type_are_one_line(
+    keywords: dict[str, object], fragment: str, tmp_path: Path
+) -> None:
+    import budgettune
+
+    with pytest.raises(budgettune.BudgettuneError, match=fragment):
+        budgettune.search(
+            "builtin:tiny-gpt",
+            max_mem="1GB",
+            num_trials=0,
+            storage_url=f"sqlite:///{tmp_path / 's.db'}",
+            output=tmp_path / "pin.json",
+            **keywords,  # type: ignore[arg-type]
+        )
+    assert not (tmp_path / "s.db").exists()

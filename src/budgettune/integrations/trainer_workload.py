@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,6 +133,8 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     import torch
     import transformers
 
+    if not isinstance(folder, (str, os.PathLike)) or not os.fspath(folder).strip():
+        raise UsageError(f"write_workload: folder takes a path; got {folder!r:.80}")  # P6-8
     model = trainer.model
     cls = type(model)
     if not isinstance(model, transformers.PreTrainedModel) or (
@@ -160,9 +163,14 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     args = trainer.args
     out = Path(folder)
     check_workload_folder(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(out))
-    torch.save(batch, out / BATCH_FILE)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(str(out))
+        torch.save(batch, out / BATCH_FILE)
+    except OSError as exc:  # a folder under a file, batch.pt a folder (issue 48's P6-8)
+        raise UsageError(
+            f"write_workload: cannot write into {out} ({exc.strerror or one_line(exc)})"
+        ) from None
     entry = {
         "model_class": cls.__name__,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
