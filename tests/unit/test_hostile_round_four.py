@@ -194,3 +194,31 @@ def test_p6_8_p6_9_api_keywords_of_the_wrong_type_are_one_line(
             **keywords,  # type: ignore[arg-type]
         )
     assert not (tmp_path / "s.db").exists()
+
+
+def test_p6_15_a_stored_pins_name_with_a_newline_keeps_the_error_on_one_line(
+    tmp_path: Path,
+) -> None:
+    import optuna
+
+    from budgettune import storage as storage_mod
+
+    store = storage_mod.open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    optuna.create_study(study_name="s", storage=store.optuna_storage)
+    pin = {**pin_document(TrialSpec()), "study_name": "a\nb", "measured": "x"}  # refused
+    store.record_pin(
+        study_name="s", pin=pin, peak_bytes=1, step_time_ms=1.0, slowdown=None,
+        limit_bytes=10**9, mem_metric="device",
+    )  # fmt: skip
+    result = runner.invoke(
+        app, ["export", "--storage", str(tmp_path / "s.db"), "--study", "s", "--output", "-"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "'a\\nb'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_p6_16_a_spec_file_planted_as_a_folder_is_named_as_itself(tmp_path: Path) -> None:
+    (tmp_path / "run" / "SPEC.json").mkdir(parents=True)
+    run = TrialRun(spec=TrialSpec(), workload="builtin:tiny-gpt", device="cpu", cache_root=None)
+    with pytest.raises(TrialInfrastructureError, match=r"run/SPEC.json \(Is a directory\)"):
+        launch_trial(run, run_dir=tmp_path / "run", timeout_s=10)

@@ -164,7 +164,8 @@ def export(
         document = dict(pinned.document)
     else:
         document = _study_pin(study, storage)
-        pinned = parse_pin(document, source=f"study {document.get('study_name', '')}")
+        # the stored name as its repr: a newline in it must not split the error line (P6-15)
+        pinned = parse_pin(document, source=f"study {str(document.get('study_name', ''))!r:.200}")
     if output_format is ExportFormat.env:
         # always one line: a bare `export $(...)` would dump the environment into the job log
         print(f"BUDGETTUNE_PIN_ALLOC_CONF={pinned.spec.cuda_alloc_conf}")

@@ -347,7 +347,10 @@ def write_json_atomically(path: str | os.PathLike[str], data: Mapping[str, Any])
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except IsADirectoryError as exc:  # named as the file it was for, not the temp (P6-16)
+            raise IsADirectoryError(exc.errno, exc.strerror, str(target)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
