@@ -222,3 +222,9 @@ def test_p6_16_a_spec_file_planted_as_a_folder_is_named_as_itself(tmp_path: Path
     run = TrialRun(spec=TrialSpec(), workload="builtin:tiny-gpt", device="cpu", cache_root=None)
     with pytest.raises(TrialInfrastructureError, match=r"run/SPEC.json \(Is a directory\)"):
         launch_trial(run, run_dir=tmp_path / "run", timeout_s=10)
+
+
+def test_p6_11_an_empty_storage_url_is_bad_input() -> None:
+    result = runner.invoke(app, ["show", "--storage", ""])
+    assert result.exit_code == 2, result.output
+    assert "storage URL is empty" in result.stderr

@@ -38,12 +38,13 @@ def normalize_url(url_or_path: str | None) -> str:
 
     Raises:
         StorageError: when the URL cannot be parsed or names an unknown database dialect.
+        UsageError: an empty URL (issue 48's P6-11: bad input, exit 2).
     """
     if url_or_path is None:
         return _sqlite_url(Path.cwd() / DEFAULT_SQLITE_FILE)
     text = url_or_path.strip()
     if not text:
-        raise StorageError("the storage URL is empty; give a SQLAlchemy URL or a file path")
+        raise UsageError("the storage URL is empty; give a SQLAlchemy URL or a file path")
     if "://" not in text:
         return _sqlite_url(Path(text).expanduser())
     url = _parse(text)
