@@ -72,6 +72,7 @@ def search(
     nproc_per_node: int | None = None,
     collective_timeout_s: float | None = None,
     global_batch: int | None = None,
+    target: str | None = None,
     trials_per_gpu: int | None = None,
     space: Mapping[str, Any] | None = None,
     fix: Mapping[str, Any] | None = None,
@@ -123,6 +124,7 @@ def search(
             micro_batch`` passes (with ``space={"micro_batches": [...]}`` the micro-batch is
             searched too; without a global batch, several micro-batches each step on their
             own rows and the search ranks samples per second).
+        target: ``"torchtitan"``: keep the search to what torchtitan's job config expresses.
         trials_per_gpu: trials run at once on each GPU (their compiles overlap, their
             measurements take turns).
         space: the knobs searched, by their plural names: ``{"block_ac_every": [0, 1, 2]}``.
@@ -164,6 +166,7 @@ def search(
         "nproc_per_node": nproc_per_node,
         "collective_timeout_s": collective_timeout_s,
         "global_batch": global_batch,
+        "target": target,
         "trials_per_gpu": trials_per_gpu,
         "space": _table("space", space),
         "fix": _table("fix", fix),

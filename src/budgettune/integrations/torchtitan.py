@@ -31,6 +31,7 @@ from typing import Any
 from budgettune.errors import PinnedConfigError
 from budgettune.pinning import PinnedConfig
 from budgettune.trial.partitioner import PARTITIONER_KNOBS
+from budgettune.trial.spec import TrialSpec
 
 TORCHTITAN_VERSION = "v0.2.2 (73a0e697)"
 """The torchtitan job config whose keys are written."""
@@ -75,32 +76,38 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a TOML basic string is a JSON string
 
 
-def _activation_checkpoint(pinned: PinnedConfig) -> dict[str, Any]:
-    spec = pinned.spec
+def inexpressible(spec: TrialSpec) -> str | None:
+    """What of ``spec``'s activation checkpointing torchtitan's config cannot express (None:
+    it can): offload, block AC together with a memory budget, the op policy on every k-th
+    block. `budgettune search --target torchtitan` keeps to configurations it can."""
     if spec.offloads:
-        what = (
-            f"offload of every {spec.offload_every} block's activations"
-            if spec.offload_every
-            else "the op policy with what it saves offloaded (op_offload)"
-        )
-        raise PinnedConfigError(
-            f"{pinned.path}: torchtitan's activation_checkpoint section cannot express {what}; "
-            "apply the pin with budgettune.load_pinned in the training script"
-        )
+        if spec.offload_every:
+            return f"offload of every {spec.offload_every} block's activations"
+        return "the op policy with what it saves offloaded (op_offload)"
     budget = spec.activation_memory_budget if spec.is_compiled else 1.0
     every, policy = spec.block_ac_every, spec.block_ac_policy
     if every and budget < 1.0:
-        raise PinnedConfigError(
-            f"{pinned.path}: torchtitan cannot express block AC (every {every}, {policy}) "
-            f"together with memory budget {budget}: its activation_checkpoint.mode is one or "
-            "the other; apply the pin with budgettune.load_pinned in the training script"
+        return (
+            f"block AC (every {every}, {policy}) together with memory budget {budget}: its "
+            "activation_checkpoint.mode is one or the other"
         )
+    if every and policy == "op" and every != 1:
+        return f"the op policy on one block in {every} (torchtitan's checkpoints every block)"
+    return None
+
+
+def _activation_checkpoint(pinned: PinnedConfig) -> dict[str, Any]:
+    spec = pinned.spec
+    reason = inexpressible(spec)
+    if reason is not None:
+        raise PinnedConfigError(
+            f"{pinned.path}: torchtitan's activation_checkpoint section cannot express "
+            f"{reason}; apply the pin with budgettune.load_pinned in the training script, or "
+            "search with --target torchtitan"
+        )
+    budget = spec.activation_memory_budget if spec.is_compiled else 1.0
+    every, policy = spec.block_ac_every, spec.block_ac_policy
     if every and policy == "op":
-        if every != 1:
-            raise PinnedConfigError(
-                f"{pinned.path}: torchtitan's op policy checkpoints every block, this pin one "
-                f"block in {every}; apply it with budgettune.load_pinned in the training script"
-            )
         return {"mode": "selective", "selective_ac_option": "op"}
     if every == 1:
         return {"mode": "full"}

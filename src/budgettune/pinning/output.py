@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from budgettune.errors import BudgettuneError, UsageError, terminal_safe
-from budgettune.pinning.document import PinDocument
+from budgettune.pinning.document import SCHEMA_VERSION, PinDocument
+from budgettune.pinning.pin_schema import PinFields
+from budgettune.schema import first_problem
 from budgettune.trial.results import write_json_atomically
 
 PIN_SIZE_LIMIT = 16 * 2**20
@@ -50,16 +52,19 @@ def read_pin_bytes(path: object) -> bytes:
 
 
 def is_written_pin(path: Path) -> bool:
-    """Whether ``path`` holds a pinned config budgettune wrote (one its pin schema reads,
-    `parse_pin`: not any JSON object with a schema version and a spec, issue 48's P6-4): one
-    that ``--output`` may replace without ``--force``."""
-    from budgettune.pinning.pinned import parse_pin  # it imports this module's neighbours
-
+    """Whether ``path`` holds a pinned config budgettune wrote (one its pin schema reads: not
+    any JSON object with a schema version and a spec, issue 48's P6-4): one that ``--output``
+    may replace without ``--force``."""
     try:
-        parse_pin(json.loads(read_pin_bytes(path)))
-    except (OSError, ValueError, RecursionError, BudgettuneError):
+        data = json.loads(read_pin_bytes(path))
+    except (OSError, ValueError, RecursionError):
         return False
-    return True
+    return (
+        isinstance(data, dict)
+        and data.get("schema_version") == SCHEMA_VERSION
+        and isinstance(data.get("spec"), dict)
+        and first_problem(PinFields, data) is None
+    )
 
 
 STDOUT = "-"

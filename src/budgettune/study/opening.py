@@ -13,6 +13,7 @@ import optuna
 
 from budgettune import storage as storage_mod
 from budgettune.errors import UsageError
+from budgettune.storage.trials import FULL_AC, UNCONSTRAINED
 from budgettune.storage.user_attrs import (
     BASELINE_ATTR,
     ENQUEUED_SPEC_ATTR,
@@ -22,6 +23,7 @@ from budgettune.storage.user_attrs import (
     SPEC_ATTR,
     TrialRecord,
 )
+from budgettune.study.expressible import keeps
 from budgettune.study.space import spec_params
 from budgettune.study.spec import SearchSpec
 from budgettune.study.study import (
@@ -43,7 +45,10 @@ QUEUE_ATTRS = (BASELINE_ATTR, ENQUEUED_SPEC_ATTR)
 
 
 def enqueue_baseline(study: optuna.Study, search: SearchSpec, label: str, spec: TrialSpec) -> None:
-    """Queue ``spec`` as the study's next trial, measured exactly so, labelled ``label``."""
+    """Queue ``spec`` as the study's next trial, measured exactly so, labelled ``label``; not
+    a point the search's target cannot express (`expressible.keeps`), but the references."""
+    if label not in (UNCONSTRAINED, FULL_AC) and not keeps(spec, search.target):
+        return
     study.enqueue_trial(
         spec_params(spec, search.space),
         user_attrs=TrialRecord(baseline=label, enqueued_spec=spec).to_attrs(),

@@ -35,6 +35,7 @@ from budgettune.storage.trials import (
     metric_peak,
     record_of,
 )
+from budgettune.study.expressible import keeps
 from budgettune.study.fresh import FreshJob
 from budgettune.study.pin_errors import (  # noqa: F401 - re-exported
     margin_advice,
@@ -145,7 +146,11 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     """
     search = searcher.search
     trials = searcher.study.get_trials(deepcopy=False)
-    candidates = feasible_candidates(trials, search.mem_metric, search.ranking_rows)
+    candidates = [  # with a target, the pin is one it can express (`expressible.keeps`)
+        c
+        for c in feasible_candidates(trials, search.mem_metric, search.ranking_rows)
+        if keeps(c.spec, search.target)
+    ]
     if not candidates:
         unmeasured = nothing_measured_error(searcher)
         raise unmeasured if unmeasured is not None else no_feasible_error(searcher)

@@ -49,6 +49,7 @@ from budgettune.storage.user_attrs import (
 )
 from budgettune.study import live_searches
 from budgettune.study.crash_memory import remember_crashes
+from budgettune.study.expressible import suggest_for_target
 from budgettune.study.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
 from budgettune.study.numerics import check_numerics, reference_at
 from budgettune.study.opening import (
@@ -156,15 +157,14 @@ class Searcher:
 
     # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
-        enqueued = trial.user_attrs.get(ENQUEUED_SPEC_ATTR)
-        if enqueued is not None:
-            # Baselines are measured as defined; suggest_spec matches the params to the
-            with contextlib.suppress(ValueError):  # distributions (unless queued out of them)
-                suggest_spec(trial, self.search.space, self.search.base)
+        enqueued, search = trial.user_attrs.get(ENQUEUED_SPEC_ATTR), self.search
+        if enqueued is not None:  # measured as queued; the params matched to the distributions
+            with contextlib.suppress(ValueError):  # (unless it was queued out of them)
+                suggest_spec(trial, search.space, search.base)
             return TrialSpec.from_json_dict(enqueued)
-        space = sampling_space(self.search, self.study.user_attrs)
-        drawn = suggest_spec(trial, space, self.search.base, declared=self.search.space)
-        return self.search.batched(drawn)
+        space = sampling_space(search, self.study.user_attrs)
+        drawn = suggest_for_target(trial, space, search.base, search.space, search.target)
+        return search.batched(drawn)
 
     def objective(self, trial: optuna.Trial) -> float:
         # Optuna has created (or popped) this trial: the next worker may claim now.

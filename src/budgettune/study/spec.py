@@ -19,6 +19,7 @@ from budgettune.study.batch import (
     given_micro_batch,
     micro_batch_sizes,
 )
+from budgettune.study.expressible import check_target, narrowed_for
 from budgettune.study.space import SearchSpace
 from budgettune.trial.knobs import is_int
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
@@ -117,6 +118,9 @@ class SearchSpec:
     """Rows per optimizer step (per rank), the same in every trial: each trial runs its
     micro-batch with ``global_batch / micro_batch`` passes accumulated, so every step time is
     that of one optimizer step at this batch (0: each trial's own batch, one pass)."""
+    target: str = ""
+    """A training stack whose config must hold the pin (``torchtitan``): the search keeps to
+    what it expresses (`study.expressible`); empty: every configuration."""
 
     def __post_init__(self) -> None:
         if not is_int(self.max_mem_bytes) or self.max_mem_bytes <= 0:
@@ -190,6 +194,8 @@ class SearchSpec:
                 "--trials-per-gpu above 1 shares a GPU between one-rank trials: it needs "
                 "--device cuda and no --nproc-per-node"
             )
+        check_target(self.target)
+        object.__setattr__(self, "space", narrowed_for(self.space, self.target))
         self._check_estimators()
         self._check_compiled_offload()
         self._check_batch()

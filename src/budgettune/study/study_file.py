@@ -135,6 +135,7 @@ _PASSED = (
     "collective_timeout_s",
     "trials_per_gpu",
     "global_batch",
+    "target",
 )
 """Study keys that are `SearchSpec` fields as they are (a key not given takes the field's
 default, declared once, in `SearchSpec`)."""

@@ -161,6 +161,12 @@ class StudyTable(BaseModel):
         "divide it is not tried); without it, several micro-batches each step on their own "
         "rows and the search ranks samples per second"
     )
+    target: str | None = _key(
+        "a training stack whose config must hold the pin: torchtitan keeps the search to what "
+        "its activation_checkpoint, compile and optimizer sections express (block AC or a "
+        "memory budget, not both; the op policy on every block; each block compiled on its "
+        "own; no op-list edits), so `export --format torchtitan` writes the pin as measured"
+    )
     trials_per_gpu: Annotated[int, Field(ge=1, le=MAX_TRIALS_PER_GPU)] | None = _key(
         "trials run at once on each GPU (default 1): they take turns on it, so that only "
         "their compiles overlap (the GPU runs one trial's work at a time, and the others pause "
