@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from budgettune.cli import app
 from budgettune.pinning import StalePinWarning, load_pinned
+from budgettune.present.report import study_report
 
 
 def test_a_search_over_micro_batches_pins_one_and_a_trainer_runs_it(tmp_path: Path) -> None:
@@ -144,6 +145,20 @@ def test_without_a_global_batch_each_micro_batch_steps_on_its_own_rows_ranked_pe
         assert trial.value == pytest.approx(step_ms * 2 / spec["micro_batch"])
         sizes.add(spec["micro_batch"])
     assert sizes == {2, 4}, sizes  # both sizes measured, so the scaling was exercised
+    # show's "vs base", Pareto front and best feasible compare time per row too
+    report = study_report(f"sqlite:///{db}", None)
+    assert report.ranking_rows == 2
+    base = next(r for r in report.rows if r.baseline == "unconstrained")
+    assert base.step_time_ms is not None
+    for row in report.rows:
+        if row.step_time_ms is not None and row.slowdown is not None:
+            rows_of = 4 if "micro-batch 4" in row.config else 2
+            per_row = row.step_time_ms / rows_of / (base.step_time_ms / 2)
+            assert row.slowdown == pytest.approx(per_row - 1.0)
+    feasible = [r.ranked_ms for r in report.rows if r.feasible and r.ranked_ms is not None]
+    assert report.best is not None and report.best.ranked_ms == min(feasible)
+    shown = CliRunner().invoke(app, ["show", "--storage", str(db)])
+    assert "time per row (samples/s)" in shown.stdout
     pinned = load_pinned(pin_path, warn=False, apply_allocator=False)
     assert pinned.accum_steps == 1 and pinned.micro_batch in (2, 4)
     assert pinned.global_batch == pinned.micro_batch

@@ -18,15 +18,23 @@ from budgettune.errors import StudyNotFoundError, UsageError
 from budgettune.pinning import PinDocument, allocator_advice, phase_advice
 from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import (
+    FULL_AC,
     baseline_status,
+    baseline_trial,
     describe_exclusion,
     describe_settlements,
-    full_ac_step_ms,
     is_feasible,
     record_of,
     unconstrained_baseline,
 )
-from budgettune.storage.user_attrs import EXCLUDED_ATTR, SEARCH_ATTR, SETTLED_ATTR, SPEC_ATTR
+from budgettune.storage.user_attrs import (
+    EXCLUDED_ATTR,
+    SEARCH_ATTR,
+    SETTLED_ATTR,
+    SPEC_ATTR,
+    TrialRecord,
+)
+from budgettune.trial.results import TrialOutcome
 from budgettune.trial.spec import TrialSpec
 
 
@@ -71,6 +79,9 @@ class TrialRow:
     """Sharded trials: each rank's median step time; the trial's is the slowest."""
     host_peak_bytes: int | None = None
     """Host memory its offloaded activations held at most (None or 0: no offload)."""
+    ranked_ms: float | None = None
+    """Its step time as the search ranks it (`TrialSpec.ranked_ms`: per the study's ranking
+    rows in a search over micro-batches without a global batch, else the step time)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +120,8 @@ class StudyReport:
     """The study-wide knobs not at their default (`TrialSpec.describe_study`)."""
     host_limit_bytes: int | None = None
     """``--max-host-mem`` of a study that searches offload (None: it does not)."""
+    ranking_rows: int = 0
+    """The rows step times are scaled to before they are compared (0: as measured)."""
 
     @property
     def pin_document(self) -> PinDocument | None:
@@ -163,14 +176,14 @@ def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
     measured = [
         r
         for r in rows
-        if r.outcome == "ok" and r.peak_bytes is not None and r.step_time_ms is not None
+        if r.outcome == "ok" and r.peak_bytes is not None and r.ranked_ms is not None
     ]
     front = []
     for row in measured:
         dominated = any(
             other.peak_bytes <= row.peak_bytes  # type: ignore[operator]
-            and other.step_time_ms <= row.step_time_ms  # type: ignore[operator]
-            and (other.peak_bytes < row.peak_bytes or other.step_time_ms < row.step_time_ms)  # type: ignore[operator]
+            and other.ranked_ms <= row.ranked_ms  # type: ignore[operator]
+            and (other.peak_bytes < row.peak_bytes or other.ranked_ms < row.ranked_ms)  # type: ignore[operator]
             for other in measured
         )
         if not dominated:
@@ -183,14 +196,20 @@ def _slowdown(time_ms: float | None, reference_ms: float | None) -> float | None
 
 
 def _rows(
-    trials: Sequence[optuna.trial.FrozenTrial], metric: str, full_ac_ms: float | None
+    trials: Sequence[optuna.trial.FrozenTrial], metric: str, full_ac: bool, rows_to: int = 0
 ) -> list[TrialRow]:
-    baseline = unconstrained_baseline(trials)
-    baseline_ms = baseline.step_time_ms if baseline else None
+    def ranked(record: TrialRecord | None) -> float | None:
+        if record is None or record.step_time_ms is None or record.spec is None:
+            return None if record is None else record.step_time_ms
+        return record.spec.ranked_ms(record.step_time_ms, rows_to)
+
+    baseline_ms = ranked(unconstrained_baseline(trials))
+    found = baseline_trial(trials, FULL_AC) if full_ac else None
+    full_ac_ms = ranked(found[1]) if found and found[1].outcome is TrialOutcome.OK else None
     rows = []
     for t in trials:
         record = record_of(t)
-        time_ms = record.step_time_ms
+        time_ms = ranked(record)
         rows.append(
             TrialRow(
                 number=t.number,
@@ -199,7 +218,8 @@ def _rows(
                 baseline=record.baseline or "",
                 config=record.spec.describe() if record.spec else "",
                 peak_bytes=record.peak_bytes(metric),
-                step_time_ms=time_ms,
+                step_time_ms=record.step_time_ms,
+                ranked_ms=time_ms,
                 slowdown=_slowdown(time_ms, baseline_ms),
                 slowdown_vs_full_ac=_slowdown(time_ms, full_ac_ms),
                 peak_phase=record.peak_phase or "",
@@ -253,10 +273,10 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     metric, limit, margin = study_limit.mem_metric, study_limit.max_mem_bytes, study_limit.margin
     trials = study.get_trials(deepcopy=False)
     status = baseline_status(trials, limit_bytes=limit, mem_metric=metric, margin=margin)
-    full_ac = full_ac_step_ms(trials) if status != "ok" else None
-    rows = _rows(trials, metric, full_ac)
+    ranking_rows = int(search.get("ranking_rows", 0) or 0)
+    rows = _rows(trials, metric, status != "ok", ranking_rows)
     feasible = [r for r in rows if r.feasible]
-    best = min(feasible, key=lambda r: r.step_time_ms or math.inf) if feasible else None
+    best = min(feasible, key=lambda r: r.ranked_ms or math.inf) if feasible else None
     ok_rows = [r for r in rows if r.outcome == "ok"]
     # Recompute cannot go below a peak set in the optimizer step: say so when that is where
     # the lowest-memory configurations sit.
@@ -264,7 +284,7 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     advice = [phase_advice(lowest.peak_phase) if lowest else ""]
     # The allocator's reserve above what was allocated decides whether a config fits: say so
     # where the fastest measured configuration shows a large gap.
-    fastest = min(ok_rows, key=lambda r: r.step_time_ms or math.inf) if ok_rows else None
+    fastest = min(ok_rows, key=lambda r: r.ranked_ms or math.inf) if ok_rows else None
     if fastest is not None and fastest.peak_allocated_bytes and fastest.peak_reserved_bytes:
         spec = record_of(next(t for t in trials if t.number == fastest.number)).spec
         advice.append(
@@ -292,4 +312,5 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
         world_size=int(search.get("nproc_per_node", 1)),
         study_settings=TrialSpec.from_json_dict(search.get("base") or {}).describe_study(),
         host_limit_bytes=_host_limit(study.user_attrs, trials),
+        ranking_rows=ranking_rows,
     )

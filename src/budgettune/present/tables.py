@@ -287,8 +287,9 @@ def study_tables(report) -> list[Table]:  # report: study_report.StudyReport
             if report.host_limit_bytes is not None
             else ""
         ),
-        caption=f"peak: {metric} peak in {unit}; vs base: step time against the unconstrained "
-        "baseline"
+        caption=f"peak: {metric} peak in {unit}; vs base: "
+        + ("time per row (samples/s)" if report.ranking_rows else "step time")
+        + " against the unconstrained baseline"
         + ("; vs AC: against full block AC (the baseline cannot run)" if with_ac else "")
         + f"; fits: ok and peak x {1 + report.margin:.2f} (the margin) within the limit",
     )

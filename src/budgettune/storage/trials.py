@@ -37,7 +37,6 @@ __all__ = [
     "describe_exclusion",
     "describe_settlements",
     "feasible_candidates",
-    "full_ac_step_ms",
     "is_feasible",
     "metric_peak",
     "record_of",
@@ -191,14 +190,6 @@ def baseline_status(
         return outcome.value if outcome is not None else str(record.stored_outcome or "missing")
     peak = metric_peak(record, mem_metric)
     return "ok" if fits_limit(peak, limit_bytes=limit_bytes, margin=margin) else "over_limit"
-
-
-def full_ac_step_ms(trials: Iterable[optuna.trial.FrozenTrial]) -> float | None:
-    """The full block AC baseline's step time, when it was measured ``ok``."""
-    found = baseline_trial(trials, FULL_AC)
-    if found is None or found[1].outcome is not TrialOutcome.OK:
-        return None
-    return found[1].step_time_ms
 
 
 def describe_settlements(attr: Mapping[str, Any] | None) -> tuple[str, ...]:

@@ -84,6 +84,8 @@ def study_attrs(search: SearchSpec) -> dict[str, Any]:
         **({"nproc_per_node": search.nproc_per_node} if search.is_sharded else {}),
         # a study of one batch per trial keeps the attrs it had before issue 46
         **({"global_batch": search.global_batch} if search.global_batch else {}),
+        # a study over micro-batches without one ranks per row (`SearchSpec.ranking_rows`)
+        **({"ranking_rows": search.ranking_rows} if search.ranking_rows else {}),
         # not the host limit: its default is a share of each host's memory, and the pin
         # checks its re-measurements against the limit of the search that pins
     }
