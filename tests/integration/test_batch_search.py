@@ -159,6 +159,13 @@ def test_without_a_global_batch_each_micro_batch_steps_on_its_own_rows_ranked_pe
     assert report.best is not None and report.best.ranked_ms == min(feasible)
     shown = CliRunner().invoke(app, ["show", "--storage", str(db)])
     assert "time per row (samples/s)" in shown.stdout
+    from budgettune import storage as storage_mod
+    from budgettune.study.publish import study_views
+
+    _, figure, _, _ = study_views(storage_mod.open_storage(f"sqlite:///{db}"), study.study_name)
+    assert figure.layout.yaxis.title.text == "step time per 2 rows (ms)"  # the dashboard's too
+    drawn = [round(y, 6) for trace in figure.data for y in (trace.y or ())]
+    assert all(round(r.ranked_ms, 6) in drawn for r in report.rows if r.feasible and r.ranked_ms)
     pinned = load_pinned(pin_path, warn=False, apply_allocator=False)
     assert pinned.accum_steps == 1 and pinned.micro_batch in (2, 4)
     assert pinned.global_batch == pinned.micro_batch

@@ -58,15 +58,26 @@ class TrialPoint:
     """Sharded trials: each rank's peak on the metric (the point's peak is the largest)."""
 
 
-def trial_points(trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str) -> list[TrialPoint]:
+def objective_name(rows: int = 0) -> str:
+    """What a study's trials are ranked by, as the dashboard names it: the step time, or in a
+    study over micro-batches without a global batch the step time scaled to ``rows`` rows
+    (`TrialSpec.ranked_ms`: samples per second, issue 46)."""
+    return "step time (ms)" if not rows else f"step time per {rows} rows (ms)"
+
+
+def trial_points(
+    trials: Sequence[optuna.trial.FrozenTrial], mem_metric: str, rows: int = 0
+) -> list[TrialPoint]:
     """The trials the scatter can place: measured ones and OOMs (crashes and non-finite
-    losses have no figures)."""
+    losses have no figures), their step times as the study ranks them (``rows``)."""
     points = []
     for trial in trials:
         record = record_of(trial)
         known = record.outcome
         peak = record.peak_bytes(mem_metric)
         time_ms = record.step_time_ms
+        if time_ms is not None and record.spec is not None:
+            time_ms = record.spec.ranked_ms(time_ms, rows)
         if known is TrialOutcome.NON_FINITE:
             continue  # no figures to trust (an old database may hold some): counted as failed
         if peak is not None and time_ms is not None:
@@ -99,6 +110,7 @@ def memory_time_figure(
     limit_bytes: int,
     mem_metric: str,
     pin: PinDocument | None,
+    rows: int = 0,
 ) -> go.Figure:
     """Peak memory × step time: feasible, infeasible and OOM trials, the limit, the baselines
     labelled and the pinned configuration starred.
@@ -172,7 +184,7 @@ def memory_time_figure(
             go.Scatter(
                 name=f"pinned (trial {pin.trial_number})",
                 x=[measured_pin.peak_worst_bytes / scale],
-                y=[measured_pin.step_time_ms],
+                y=[pin.spec.ranked_ms(measured_pin.step_time_ms, rows)],
                 mode="markers+text",
                 marker=dict(
                     color="#ffd700", size=22, symbol="star", line=dict(color="#000", width=1)
@@ -209,7 +221,7 @@ def memory_time_figure(
         template="none",
         title=dict(text=title, x=0.02, xanchor="left"),
         xaxis=dict(title=dict(text=f"peak {mem_metric} memory ({unit})"), **grid),
-        yaxis=dict(title=dict(text="step time (ms)"), **grid),
+        yaxis=dict(title=dict(text=objective_name(rows)), **grid),
         legend=dict(orientation="h", y=-0.2),
         margin=dict(l=60, r=20, t=70, b=60),
         plot_bgcolor="white",

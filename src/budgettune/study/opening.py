@@ -13,6 +13,7 @@ import optuna
 
 from budgettune import storage as storage_mod
 from budgettune.errors import UsageError
+from budgettune.present.dashboard_views import objective_name
 from budgettune.storage.trials import FULL_AC, UNCONSTRAINED
 from budgettune.storage.user_attrs import (
     BASELINE_ATTR,
@@ -138,19 +139,9 @@ def requeue_unfinished(
     return True
 
 
-OBJECTIVE_NAME = "step time (ms)"
-"""What the trials' value is, as the dashboard names it (not "Objective 0")."""
-
-
-def objective_name(rows: int = 0) -> str:
-    """The objective's name in a study whose step times are scaled to ``rows`` rows
-    (`SearchSpec.ranking_rows`; 0: as measured)."""
-    return OBJECTIVE_NAME if not rows else f"step time per {rows} rows (ms)"
-
-
 def name_objective(study: optuna.Study, rows: int = 0) -> None:
-    """Name the study's objective for the dashboard (when it is made; older studies on their
-    next publish)."""
+    """Name the study's objective for the dashboard (not "Objective 0"; when it is made, older
+    studies on their next publish)."""
     name = objective_name(rows)
     if study.metric_names != [name]:
         with warnings.catch_warnings():

@@ -90,7 +90,8 @@ def study_views(storage: ViewStore, study_name: str) -> tuple[optuna.Study, Any,
     study_limit = StudyLimit.of(search)
     metric = study_limit.mem_metric
     trials = study.get_trials(deepcopy=False)
-    points = trial_points(trials, metric)
+    rows = int(search.get("ranking_rows", 0) or 0)  # a study ranked per row (issue 46)
+    points = trial_points(trials, metric, rows)
     num_failed = sum(
         (outcome := record_of(t).outcome) is not None and not outcome.tells_fit() for t in trials
     )
@@ -102,7 +103,7 @@ def study_views(storage: ViewStore, study_name: str) -> tuple[optuna.Study, Any,
     except PinnedConfigError:
         pin = None
     figure = memory_time_figure(
-        points, limit_bytes=study_limit.max_mem_bytes, mem_metric=metric, pin=pin
+        points, limit_bytes=study_limit.max_mem_bytes, mem_metric=metric, pin=pin, rows=rows
     )
     try:
         optuna_best: int | None = study.best_trial.number
