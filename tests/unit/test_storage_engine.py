@@ -35,8 +35,13 @@ def test_server_urls_pass_through_with_psycopg3() -> None:
     assert normalize_url("postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
 
 
+def test_an_empty_url_is_bad_input() -> None:
+    with pytest.raises(UsageError, match="storage URL is empty"):  # exit 2 (issue 48's P6-11)
+        normalize_url("  ")
+
+
 @pytest.mark.parametrize(
-    "url", ["postgresql://u:secret@h:notaport/db", "nosuchdb://h/db", "://nohost", "  "]
+    "url", ["postgresql://u:secret@h:notaport/db", "nosuchdb://h/db", "://nohost"]
 )
 def test_malformed_url_is_one_line_storage_error(url: str) -> None:
     with pytest.raises(StorageError) as info:

@@ -51,6 +51,7 @@ GOOD: dict[str, Any] = {
     "collective_timeout_s": 30.5,
     "trials_per_gpu": 1,
     "global_batch": 8,
+    "target": "",
     "space.micro_batches": [1, 2, 4],
     "fix.micro_batch": 2,
     "fix.accum_steps": 2,

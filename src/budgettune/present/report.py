@@ -81,7 +81,12 @@ class TrialRow:
     """Host memory its offloaded activations held at most (None or 0: no offload)."""
     ranked_ms: float | None = None
     """Its step time as the search ranks it (`TrialSpec.ranked_ms`: per the study's ranking
-    rows in a search over micro-batches without a global batch, else the step time)."""
+    rows in a search over micro-batches without a global batch); None: the step time."""
+
+    @property
+    def rank_ms(self) -> float | None:
+        """What `show` ranks it by: `ranked_ms`, else its step time."""
+        return self.step_time_ms if self.ranked_ms is None else self.ranked_ms
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,14 +181,14 @@ def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
     measured = [
         r
         for r in rows
-        if r.outcome == "ok" and r.peak_bytes is not None and r.ranked_ms is not None
+        if r.outcome == "ok" and r.peak_bytes is not None and r.rank_ms is not None
     ]
     front = []
     for row in measured:
         dominated = any(
             other.peak_bytes <= row.peak_bytes  # type: ignore[operator]
-            and other.ranked_ms <= row.ranked_ms  # type: ignore[operator]
-            and (other.peak_bytes < row.peak_bytes or other.ranked_ms < row.ranked_ms)  # type: ignore[operator]
+            and other.rank_ms <= row.rank_ms  # type: ignore[operator]
+            and (other.peak_bytes < row.peak_bytes or other.rank_ms < row.rank_ms)  # type: ignore[operator]
             for other in measured
         )
         if not dominated:
@@ -276,7 +281,7 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     ranking_rows = int(search.get("ranking_rows", 0) or 0)
     rows = _rows(trials, metric, status != "ok", ranking_rows)
     feasible = [r for r in rows if r.feasible]
-    best = min(feasible, key=lambda r: r.ranked_ms or math.inf) if feasible else None
+    best = min(feasible, key=lambda r: r.rank_ms or math.inf) if feasible else None
     ok_rows = [r for r in rows if r.outcome == "ok"]
     # Recompute cannot go below a peak set in the optimizer step: say so when that is where
     # the lowest-memory configurations sit.
@@ -284,7 +289,7 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     advice = [phase_advice(lowest.peak_phase) if lowest else ""]
     # The allocator's reserve above what was allocated decides whether a config fits: say so
     # where the fastest measured configuration shows a large gap.
-    fastest = min(ok_rows, key=lambda r: r.ranked_ms or math.inf) if ok_rows else None
+    fastest = min(ok_rows, key=lambda r: r.rank_ms or math.inf) if ok_rows else None
     if fastest is not None and fastest.peak_allocated_bytes and fastest.peak_reserved_bytes:
         spec = record_of(next(t for t in trials if t.number == fastest.number)).spec
         advice.append(

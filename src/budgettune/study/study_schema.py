@@ -21,6 +21,7 @@ from pydantic.json_schema import JsonDict
 from budgettune.errors import SpecError, StudyFileError, UsageError
 from budgettune.schema import OneOf, first_problem
 from budgettune.study.batch import powers_of_two
+from budgettune.study.expressible import TARGETS
 from budgettune.study.space import FIXABLE
 from budgettune.study.spec import (
     MAX_COUNT,
@@ -161,7 +162,7 @@ class StudyTable(BaseModel):
         "divide it is not tried); without it, several micro-batches each step on their own "
         "rows and the search ranks samples per second"
     )
-    target: str | None = _key(
+    target: Annotated[str, OneOf(("", *TARGETS))] | None = _key(
         "a training stack whose config must hold the pin: torchtitan keeps the search to what "
         "its activation_checkpoint, compile and optimizer sections express (block AC or a "
         "memory budget, not both; the op policy on every block; each block compiled on its "
