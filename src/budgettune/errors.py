@@ -120,9 +120,12 @@ class StorageError(BudgettuneError):
     """The study storage cannot be reached or used."""
 
 
-READ_ERRORS = (ValueError, TypeError, LookupError, RecursionError, OverflowError, AttributeError)
+READ_ERRORS = (
+    ValueError, TypeError, LookupError, RecursionError, OverflowError, AttributeError,
+    AssertionError,
+)  # fmt: skip
 """What decoding a damaged stored row raises (`json.JSONDecodeError` is a `ValueError`, a state
-SQLAlchemy's enum does not know a `LookupError`):
+SQLAlchemy's enum does not know a `LookupError`, a value Optuna asserts on an `AssertionError`):
 `budgettune.storage.unreadable` tells it in one line."""
 
 

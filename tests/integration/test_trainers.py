@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import json
 import math
+import os
 import sys
 import types
 import warnings
@@ -353,3 +354,16 @@ def test_write_workload_never_replaces_a_users_files_or_writes_through_a_link(
     ours = tmp_path / "ours"
     first = write_workload(trainer, ours)
     assert write_workload(trainer, ours) == first  # its own folder: written again
+    # the seventh probe (P7-4..6): a written file replaced by a folder or a FIFO, and a
+    # trainer that is none, are one line, never a raw error or a hang
+    (ours / "batch.pt").unlink()
+    (ours / "batch.pt").mkdir()
+    with pytest.raises(UsageError, match="not a regular file"):
+        write_workload(trainer, ours)
+    (ours / "batch.pt").rmdir()
+    (ours / "config.json").unlink()
+    os.mkfifo(ours / "config.json")
+    with pytest.raises(UsageError, match="not a regular file"):
+        write_workload(trainer, ours)
+    with pytest.raises(UsageError, match="takes a transformers Trainer"):
+        write_workload("not a trainer", tmp_path / "nt")

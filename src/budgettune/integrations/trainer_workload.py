@@ -135,6 +135,8 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
 
     if not isinstance(folder, (str, os.PathLike)) or not os.fspath(folder).strip():
         raise UsageError(f"write_workload: folder takes a path; got {folder!r:.80}")  # P6-8
+    if not (hasattr(trainer, "model") and hasattr(trainer, "get_train_dataloader")):  # P7-6
+        raise UsageError(f"write_workload: takes a transformers Trainer; got {trainer!r:.80}")
     model = trainer.model
     cls = type(model)
     if not isinstance(model, transformers.PreTrainedModel) or (
@@ -167,9 +169,9 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
         out.mkdir(parents=True, exist_ok=True)
         model.config.save_pretrained(str(out))
         torch.save(batch, out / BATCH_FILE)
-    except OSError as exc:  # a folder under a file, batch.pt a folder (issue 48's P6-8)
-        raise UsageError(
-            f"write_workload: cannot write into {out} ({exc.strerror or one_line(exc)})"
+    except (OSError, RuntimeError) as exc:  # a folder under a file, batch.pt a folder (P6-8,
+        raise UsageError(  # P7-4: torch.save's own error is a RuntimeError)
+            f"write_workload: cannot write into {out} ({one_line(exc)})"
         ) from None
     entry = {
         "model_class": cls.__name__,
@@ -210,10 +212,11 @@ def check_workload_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"write_workload: {folder} is not a folder")
     for name in WRITTEN_FILES:
-        if (folder / name).is_symlink():
-            raise UsageError(
-                f"write_workload: {folder / name} is a symbolic link; name a folder of its own "
-                "for the workload"
+        path = folder / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a symbolic link" if path.is_symlink() else "not a regular file"
+            raise UsageError(  # a FIFO would block the write, a folder fail it (P7-4, P7-5)
+                f"write_workload: {path} is {what}; name a folder of its own for the workload"
             )
     build = folder / BUILD_FILE
     ours = build.is_file() and _MARKER in build.read_text(errors="replace")[:2000]

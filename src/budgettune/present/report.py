@@ -179,9 +179,7 @@ def resolve_study_name(store: storage_mod.Storage, name: str | None) -> str:
 def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
     """Rows with no other row at most as high in peak *and* time and better in one."""
     measured = [
-        r
-        for r in rows
-        if r.outcome == "ok" and r.peak_bytes is not None and r.rank_ms is not None
+        r for r in rows if r.outcome == "ok" and r.peak_bytes is not None and r.rank_ms is not None
     ]
     front = []
     for row in measured:

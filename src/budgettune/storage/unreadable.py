@@ -13,10 +13,12 @@ from budgettune.errors import READ_ERRORS, StorageError
 _READERS = (
     os.sep.join(("", "optuna", "storages", "")),
     os.sep.join(("", "optuna", "distributions.py")),
+    os.sep.join(("", "optuna", "study", "")),  # the best trial read from stored constraints
     os.sep.join(("", "budgettune", "storage", "")),
 )
 """Where such an error must have been raised for it to be the stored data's: Optuna's
-storages and distributions, and budgettune's own storage room."""
+storages, distributions and study (which reads a trial's stored constraints, issue 48's P7-2),
+and budgettune's own storage room."""
 
 
 def unreadable_data(exc: BaseException) -> StorageError | None:
