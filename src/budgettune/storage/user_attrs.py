@@ -284,7 +284,7 @@ class TrialRecord(StoredFigures):
             enqueued_spec=None if enqueued is None else TrialSpec.from_json_dict(enqueued),
             worker=attrs.get(WORKER_ATTR),
             violation_bytes=float(constraint[0]) if constraint else None,
-            stored_outcome=_text(attrs.get("outcome")),
+            stored_outcome=None if attrs.get("outcome") is None else str(attrs["outcome"])[:200],
             error=str(attrs.get(ERROR_ATTR) or ""),
             failed_stage=attrs.get("failed_stage"),
             spec=None if spec is None else TrialSpec.from_json_dict(spec),
@@ -397,9 +397,3 @@ def violation_of(attrs: Mapping[str, Any]) -> float:
     because the sampler asks for it of every trial at every sample."""
     constraint = attrs.get(CONSTRAINT_ATTR)
     return float(constraint[0]) if constraint else math.inf
-
-
-def _text(value: Any) -> str | None:
-    """A stored text attr as text (a row edited to hold a number or a list: its repr, which
-    `show` prints as such, issue 48's P7-3); None stays None."""
-    return value if value is None or isinstance(value, str) else repr(value)[:200]
