@@ -33,6 +33,9 @@ def test_the_space_is_narrowed_to_what_the_config_holds() -> None:
     assert narrowed_for(SPACE, "") is SPACE
     with pytest.raises(UsageError, match="cannot hold knapsack_solver=greedy"):
         narrowed_for(SPACE.replace(fixed={"knapsack_solver": "greedy"}), "torchtitan")
+    both = {"block_ac_every": 2, "activation_memory_budget": 0.5}
+    with pytest.raises(UsageError, match="not both"):
+        narrowed_for(SPACE.replace(fixed=both), "torchtitan")
 
 
 def test_every_draw_is_one_torchtitan_expresses_and_every_mode_is_drawn() -> None:

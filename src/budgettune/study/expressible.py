@@ -70,6 +70,11 @@ def narrowed_for(space: SearchSpace, target: str) -> SearchSpace:
         knob = KNOB_BY_NAME.get(name)
         if knob is not None and knob.plural in lists and value not in lists[knob.plural]:
             raise UsageError(f"--target {target}: torchtitan's config cannot hold {name}={value}")
+    if not _modes(narrowed):  # e.g. --fix block_ac_every=2 with a fixed budget below 1
+        raise UsageError(
+            f"--target {target}: the fixed block AC and budget are not one of torchtitan's "
+            "activation-checkpoint modes (block AC or a memory budget, not both)"
+        )
     return narrowed
 
 
@@ -115,9 +120,7 @@ def suggest_for_target(
     knobs it fixes held, the rest drawn as usual."""
     if not target:
         return suggest_spec(trial, space, base, declared=declared)
-    modes = _modes(space)
-    if not modes:
-        raise UsageError(f"--target {target}: the space holds no configuration it can express")
+    modes = _modes(space)  # never empty: `narrowed_for` refused such a space
     names = sorted(modes)
     mode = names[0] if len(names) == 1 else trial.suggest_categorical(MODE_PARAM, names)
     held = space.replace(fixed={**space.fixed, **modes[mode]})
