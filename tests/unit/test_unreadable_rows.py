@@ -80,14 +80,19 @@ def test_a_fault_outside_the_storage_keeps_its_traceback() -> None:
         assert unreadable_data(exc) is None
 
 
-def test_a_stored_outcome_that_is_no_text_is_shown_as_its_repr(
-    study_db: Path, tmp_path: Path
+@pytest.mark.parametrize("key, value", [("outcome", "5"), ("peak_phase", "[5]")])
+def test_a_stored_text_that_is_no_text_is_shown_as_text(
+    study_db: Path, tmp_path: Path, key: str, value: str
 ) -> None:
-    # the seventh probe's P7-3: an outcome edited to 5 made rich refuse to render the table
+    # P7-3: an outcome edited to 5 made rich refuse to render the table; P8-1: a peak phase
+    # edited to [5] was looked up in a dict (unhashable)
     damaged = tmp_path / "d.db"
     with sqlite3.connect(study_db) as source, sqlite3.connect(damaged) as connection:
         source.backup(connection)
-        connection.execute("update trial_user_attributes set value_json='5' where key='outcome'")
+        connection.execute(
+            "insert or replace into trial_user_attributes (trial_id, key, value_json) "
+            f"select trial_id, '{key}', '{value}' from trials"
+        )
     result = CliRunner().invoke(app, ["show", "--storage", str(damaged), "--study", "s"])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output

@@ -302,7 +302,7 @@ class TrialRecord(StoredFigures):
             peak_device_bytes=_optional_int(attrs.get("peak_device_bytes")),
             steady_bytes=_optional_int(attrs.get("steady_bytes")),
             phase_peak_bytes=dict(attrs.get("phase_peak_bytes") or {}),
-            peak_phase=attrs.get("peak_phase"),
+            peak_phase=None if attrs.get("peak_phase") is None else str(attrs["peak_phase"])[:200],
             step_time_ms=_optional_float(attrs.get("step_time_ms")),
             step_time_p10_ms=_optional_float(attrs.get("step_time_p10_ms")),
             step_time_p90_ms=_optional_float(attrs.get("step_time_p90_ms")),
