@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -17,6 +18,21 @@ from typer.testing import CliRunner
 from budgettune.cli import app
 from budgettune.pinning import StalePinWarning, load_pinned
 from budgettune.present.report import study_report
+
+
+def _tiny_search(tmp_path: Path, *args: str) -> Any:
+    """A 4-trial search of the one-layer tiny GPT into ``tmp_path`` (bt.db, pin.json), one
+    fresh run of the fastest, with ``args`` (the limit and the micro-batches)."""
+    return CliRunner().invoke(
+        app,
+        [
+            "search", "-w", "builtin:tiny-gpt", "--option", "n_layers=1", *args,
+            "--num-trials", "4", "--compile-backend", "aot_eager_decomp_partition",
+            "--warmup-steps", "1", "--timed-steps", "1", "--top-k", "1",
+            "--reverify-runs", "1", "--storage-url", f"sqlite:///{tmp_path / 'bt.db'}",
+            "--runs-dir", str(tmp_path / "runs"), "--output", str(tmp_path / "pin.json"),
+        ],
+    )  # fmt: skip
 
 
 def test_a_search_over_micro_batches_pins_one_and_a_trainer_runs_it(tmp_path: Path) -> None:
@@ -31,17 +47,9 @@ def test_a_search_over_micro_batches_pins_one_and_a_trainer_runs_it(tmp_path: Pa
     from budgettune.integrations.transformers import PinCallback
 
     db, pin_path = tmp_path / "bt.db", tmp_path / "pin.json"
-    result = CliRunner().invoke(
-        app,
-        [
-            "search", "-w", "builtin:tiny-gpt", "--option", "n_layers=1",
-            "--max-mem", "115MB", "--micro-batches", "2,4,8,3", "--global-batch", "16",
-            "--num-trials", "4", "--compile-backend", "aot_eager_decomp_partition",
-            "--warmup-steps", "1", "--timed-steps", "1", "--top-k", "1",
-            "--reverify-runs", "1", "--storage-url", f"sqlite:///{db}",
-            "--runs-dir", str(tmp_path / "runs"), "--output", str(pin_path),
-        ],
-    )  # fmt: skip
+    result = _tiny_search(
+        tmp_path, "--max-mem", "115MB", "--micro-batches", "2,4,8,3", "--global-batch", "16"
+    )
     assert result.exit_code == 0, result.output
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     assert study.metric_names == ["step time (ms)"]  # the dashboard's name for the objective
@@ -119,17 +127,9 @@ def test_without_a_global_batch_each_micro_batch_steps_on_its_own_rows_ranked_pe
     # issue 46: "Without a global batch the objective is samples per second at each trial's
     # own micro-batch" (it was refused in one line before)
     db, pin_path = tmp_path / "bt.db", tmp_path / "pin.json"
-    result = CliRunner().invoke(
-        app,
-        [
-            "search", "-w", "builtin:tiny-gpt", "--option", "n_layers=1",
-            "--option", "batch_size=2", "--max-mem", "1GB", "--micro-batches", "2,4",
-            "--num-trials", "4", "--compile-backend", "aot_eager_decomp_partition",
-            "--warmup-steps", "1", "--timed-steps", "1", "--top-k", "1",
-            "--reverify-runs", "1", "--storage-url", f"sqlite:///{db}",
-            "--runs-dir", str(tmp_path / "runs"), "--output", str(pin_path),
-        ],
-    )  # fmt: skip
+    result = _tiny_search(
+        tmp_path, "--option", "batch_size=2", "--max-mem", "1GB", "--micro-batches", "2,4"
+    )
     assert result.exit_code == 0, result.output
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     # the workload's own micro-batch (2) is the baselines', and every step time is scaled to

@@ -65,3 +65,26 @@ def crashed_result() -> TrialResult:
         log_path="/runs/trial-4.log",
         wall_s=3.0,
     )
+
+
+def run_result(peak: int, ms: float, *, cold: bool = False) -> TrialResult:
+    """An ``ok`` trial (or fresh run) that peaked at ``peak`` bytes on every metric in
+    ``ms`` ms a step."""
+    return TrialResult(
+        outcome=TrialOutcome.OK,
+        cold_caches=cold,
+        measurement=Measurement(
+            peak_allocated_bytes=peak,
+            peak_reserved_bytes=peak,
+            peak_device_bytes=peak,
+            steady_bytes=1,
+            phase_peak_bytes={"backward": peak},
+            peak_phase="backward",
+            step_time_ms=ms,
+            step_time_p10_ms=ms,
+            step_time_p90_ms=ms,
+            compile_s=0.0,
+            loss=1.0,
+            grad_norm=1.0,
+        ),
+    )

@@ -6,32 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from storage_samples import run_result
 
 from budgettune.pinning import Candidate, allocator_advice, fits_limit, margin_violation_bytes
 from budgettune.study.pin import MAX_CANDIDATES, margin_advice, reverify_until_one_fits
-from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialSpec
 
-
-def _result(peak: int, ms: float, *, cold: bool = False) -> TrialResult:
-    return TrialResult(
-        outcome=TrialOutcome.OK,
-        cold_caches=cold,
-        measurement=Measurement(
-            peak_allocated_bytes=peak,
-            peak_reserved_bytes=peak,
-            peak_device_bytes=peak,
-            steady_bytes=1,
-            phase_peak_bytes={"backward": peak},
-            peak_phase="backward",
-            step_time_ms=ms,
-            step_time_p10_ms=ms,
-            step_time_p90_ms=ms,
-            compile_s=0.0,
-            loss=1.0,
-            grad_norm=1.0,
-        ),
-    )
+_result = run_result
 
 
 @dataclass

@@ -7,36 +7,21 @@ slowdown against a reference. With a global batch, or one micro-batch, nothing c
 from __future__ import annotations
 
 import pytest
+from storage_samples import run_result
 
 from budgettune.pinning import Candidate, ReferenceTrial
 from budgettune.pinning.choose import qualified, reference_figures
 from budgettune.study.space import SearchSpace
 from budgettune.study.spec import SearchSpec
-from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
+from budgettune.trial.results import TrialResult
 from budgettune.trial.spec import TrialSpec
 
 ONE_ROW = TrialSpec(micro_batch=1)
 FOUR_ROWS = TrialSpec(micro_batch=4)
 
 
-def _result(ms: float, peak: int = 10) -> TrialResult:
-    return TrialResult(
-        outcome=TrialOutcome.OK,
-        measurement=Measurement(
-            peak_allocated_bytes=peak,
-            peak_reserved_bytes=peak,
-            peak_device_bytes=peak,
-            steady_bytes=1,
-            phase_peak_bytes={"backward": peak},
-            peak_phase="backward",
-            step_time_ms=ms,
-            step_time_p10_ms=ms,
-            step_time_p90_ms=ms,
-            compile_s=0.0,
-            loss=1.0,
-            grad_norm=1.0,
-        ),
-    )
+def _result(ms: float) -> TrialResult:
+    return run_result(10, ms)
 
 
 def _search(sizes: list[int], global_batch: int = 0, batch_size: int | None = None) -> SearchSpec:
