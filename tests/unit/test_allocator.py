@@ -48,6 +48,37 @@ def test_settings_parse_and_a_malformed_one_is_refused() -> None:
             TrialSpec(cuda_alloc_conf=bad)
 
 
+def test_torchs_per_size_divisions_list_is_one_setting() -> None:
+    """Issue 48, P7-7: torch's own example ``roundup_power2_divisions:[256:1,512:2,>:8]`` was
+    cut at its commas and refused; a bracket anywhere else, or a malformed list, still is."""
+    listed = "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]"
+    both = f"expandable_segments:True,{listed}"
+    assert allocator.parse_settings(both) == {
+        "expandable_segments": "True",
+        "roundup_power2_divisions": "[256:1,512:2,1024:4,>:8]",
+    }
+    assert allocator.format_settings(allocator.parse_settings(both)) == both
+    assert TrialSpec(cuda_alloc_conf=listed).cuda_alloc_conf == listed
+    assert allocator.split_settings(f" {listed} , default,") == [listed, "default"]
+    for bad in (
+        "max_split_size_mb:[1:2]",
+        "roundup_power2_divisions:[256:x]",
+        "roundup_power2_divisions:[256:8,",
+        "roundup_power2_divisions:[$(id):1]",
+        "roundup_power2_divisions:[256:8]]",
+    ):
+        with pytest.raises(SpecError, match="key:value|torch takes"):
+            TrialSpec(cuda_alloc_conf=bad)
+
+
+def test_a_searched_list_keeps_a_bracketed_value_whole() -> None:
+    from budgettune.cli.knob_options import space_values
+
+    listed = "roundup_power2_divisions:[256:8,>:1]"
+    given = space_values({"cuda_alloc_confs": f"default,{listed}"})
+    assert given["cuda_alloc_confs"] == ["", listed]
+
+
 def test_merge_keeps_the_jobs_other_settings_and_names_what_it_replaced() -> None:
     merged, replaced = allocator.merged_setting(
         "max_split_size_mb:64,expandable_segments:False", EXPANDABLE

@@ -19,6 +19,7 @@ import typer
 
 from budgettune.errors import SpecError, UsageError
 from budgettune.study.batch import powers_of_two
+from budgettune.trial.allocator import split_settings
 from budgettune.trial.knobs import Knob
 from budgettune.trial.spec import KNOBS
 
@@ -151,8 +152,8 @@ def space_values(given: dict[str, Any]) -> dict[str, Any]:
                     raise UsageError(f"{what} takes LOW,HIGH, e.g. 0.3,1.0")
             elif k.sampled == "subset":
                 values[plural] = parts
-            elif k.name == "cuda_alloc_conf":
-                values[plural] = ["" if p == "default" else p for p in parts]
+            elif k.name == "cuda_alloc_conf":  # a bracketed value's commas are its own
+                values[plural] = ["" if p == "default" else p for p in split_settings(text)]
             else:
                 values[plural] = [k.parse(p, what=what) for p in parts]
         except SpecError as exc:

@@ -35,13 +35,21 @@ SETTING_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[A-Za-z0-9_.+-]+$")
 """One ``key:value`` of the allocator's settings (``expandable_segments:True``)."""
 _FLAG = (re.compile(r"True|False"), "True or False")
 _COUNT = (re.compile(r"[0-9]{1,9}"), "a whole number (at most 9 digits)")
+_PER_SIZE = r"(?:[0-9]{1,9}|>):[0-9]{1,9}"
+_DIVISIONS = (
+    re.compile(rf"[0-9]{{1,9}}|\[{_PER_SIZE}(?:,{_PER_SIZE}){{0,31}}\]"),
+    "a whole number or torch's per-size list like [256:8,>:1]",
+)
+BRACKETED = re.compile(r"^(roundup_power2_divisions):(\[[^\[\]]*\])$")
+"""The one setting whose value torch takes as a list: ``roundup_power2_divisions:[256:8,>:1]``
+(issue 48's P7-7: split at its commas, it was refused)."""
 KNOWN_VALUES = {
     "expandable_segments": _FLAG,
     "release_lock_on_cudamalloc": _FLAG,
     "pinned_use_cuda_host_register": _FLAG,
     "pinned_use_background_threads": _FLAG,
     "max_split_size_mb": _COUNT,
-    "roundup_power2_divisions": _COUNT,
+    "roundup_power2_divisions": _DIVISIONS,
     "pinned_num_register_threads": _COUNT,
     "garbage_collection_threshold": (re.compile(r"0?\.[0-9]{1,6}"), "a fraction like 0.6"),
     "backend": (re.compile(r"native|cudaMallocAsync"), "native or cudaMallocAsync"),
@@ -53,6 +61,22 @@ STARTUP_ONLY_KEYS = frozenset({"backend"})
 """Settings torch reads once, when CUDA starts (``backend:cudaMallocAsync``)."""
 
 
+def split_settings(text: str) -> list[str]:
+    """``text`` cut at the commas outside square brackets (``a:1,b:[1:2,>:1]`` is two
+    entries), each stripped, empty ones left out."""
+    entries, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            entries.append(text[start:at])
+            start = at + 1
+    entries.append(text[start:])
+    return [entry.strip() for entry in entries if entry.strip()]
+
+
 def parse_settings(text: str) -> dict[str, str]:
     """``"a:1,b:True"`` as an ordered ``{"a": "1", "b": "True"}``.
 
@@ -61,10 +85,8 @@ def parse_settings(text: str) -> dict[str, str]:
             (the allocator aborts the process on a malformed setting, so it is refused here).
     """
     settings: dict[str, str] = {}
-    for entry in (part.strip() for part in text.split(",")):
-        if not entry:
-            continue
-        if not SETTING_PATTERN.fullmatch(entry):
+    for entry in split_settings(text):
+        if not SETTING_PATTERN.fullmatch(entry) and not BRACKETED.fullmatch(entry):
             raise SpecError(
                 f"cuda_alloc_conf: {entry!r} is not a setting; write key:value pairs separated "
                 "by commas, e.g. expandable_segments:True"
