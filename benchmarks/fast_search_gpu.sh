@@ -26,7 +26,10 @@
 #                  gpt2m-mixed-b: the mixed search again (its own study and pin);
 #                  vs-gpt2m-mixed: the newest mixed pin against grid30's seed-0 pin;
 #                  gpt2m-mixed5, vs-gpt2m-mixed5, job-gpt2m-mixed5: the mixed search with
-#                  --trials-per-gpu 5 (its 20 trials at once on four GPUs), likewise
+#                  --trials-per-gpu 5 (its 20 trials at once on four GPUs), likewise;
+#                  gpt2m-mixed-c: a third mixed search; gpt2m-mixed16, job-gpt2m-mixed16: the
+#                  mixed search with TORCHINDUCTOR_COMPILE_THREADS=16 (torch's own count on a
+#                  16-core share, as before each trial got its share / trials-per-gpu)
 #   startup        NVML's set-up and the CLI's imports, timed in fresh processes
 #   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
 #                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
@@ -231,13 +234,14 @@ run_step() {
         l1-before|l1-after) search "$1" "${l1[@]}" ;;
         gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
         gpt2m-regional) search "$1" "${gpt2m[@]}" --compile-scopes blocks ;;
-        gpt2m-mixed|gpt2m-mixed-b) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        gpt2m-mixed|gpt2m-mixed-b|gpt2m-mixed-c) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        gpt2m-mixed16) TORCHINDUCTOR_COMPILE_THREADS=16 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         vs-gpt2m-mixed) versus gpt2m-mixed "$(newest gpt2m-mixed)" "$grid30_s0" ;;
         gpt2m-mixed5) TRIALS_PER_GPU=5 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         vs-gpt2m-mixed5) versus gpt2m-mixed5 "$(newest gpt2m-mixed5)" "$grid30_s0" ;;
         startup) startup ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
-        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-b|job-gpt2m-mixed5) job "${1#job-}" "$(newest "${1#job-}")" ;;
+        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-[bc]|job-gpt2m-mixed5|job-gpt2m-mixed16) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)
                versus l1 "$(newest l1-after)" "${before:-$l1_before}" ;;
         vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;

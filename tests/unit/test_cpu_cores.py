@@ -13,11 +13,13 @@ import pytest
 from budgettune.study.spec import MAX_SEED
 from budgettune.study.study import worker_sampler_seed
 from budgettune.trial.cpu_cores import (
+    COMPILE_THREADS_ENV,
     CPUS_ENV,
     apply_cpu_share,
     cpu_shares,
     format_cpu_list,
     parse_cpu_list,
+    share_env,
 )
 
 
@@ -101,3 +103,28 @@ def test_a_fresh_run_keeps_to_the_share_of_its_device(
     for device in ("cuda:1", "cuda:0", "cuda:2"):
         launch(TrialRun(spec=TrialSpec(), workload="builtin:llama", device=device), tmp_path)
     assert seen == [{CPUS_ENV: "4-7"}, {CPUS_ENV: "0-3"}, None]
+
+
+def test_trials_sharing_a_gpu_split_its_compile_workers_unless_the_user_set_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """Issue 44: four trials a GPU on a 16-core share each started 16 compile workers (torch's
+    default, one per core); now each gets its quarter, and a fresh run on that GPU too."""
+    from budgettune.study import fresh
+    from budgettune.trial.spec import TrialSpec
+    from budgettune.trial.trial_run import TrialRun
+
+    monkeypatch.delenv(COMPILE_THREADS_ENV, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
+    assert share_env("0-15", 4) == {CPUS_ENV: "0-15", COMPILE_THREADS_ENV: "4"}
+    assert share_env("0-15", 1) == {CPUS_ENV: "0-15"}  # alone on its GPU: torch decides
+    assert share_env(None, 4) == {COMPILE_THREADS_ENV: "1"}  # one GPU: this process's cores
+    assert share_env("0-2", 5) == {CPUS_ENV: "0-2", COMPILE_THREADS_ENV: "1"}
+    assert share_env(None, 1) == {}
+    seen: list[object] = []
+    monkeypatch.setattr(fresh, "launch_trial", lambda run, **kw: seen.append(kw["extra_env"]))
+    launch = fresh.launcher(60.0, None, {"cuda:0": "0-7"}, 2)
+    launch(TrialRun(spec=TrialSpec(), workload="builtin:llama", device="cuda:0"), tmp_path)
+    assert seen == [{CPUS_ENV: "0-7", COMPILE_THREADS_ENV: "4"}]
+    monkeypatch.setenv(COMPILE_THREADS_ENV, "2")  # the user's own: left to torch
+    assert share_env("0-15", 4) == {CPUS_ENV: "0-15"}

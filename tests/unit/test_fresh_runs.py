@@ -3,11 +3,16 @@ time, results in the order asked; on one device they run one after another."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
 
-from budgettune.study.fresh import FreshJob, run_batch
+import pytest
+
+from budgettune.study.fresh import COLD_CACHES, FreshJob, run_batch
+from budgettune.trial.environment import prepare_process_environment
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun
@@ -101,3 +106,34 @@ def test_each_result_is_finished_in_order_as_it_comes_and_missing_runs_only(
             ["checked 2:reverify-0002-4"],
         ]  # fmt: skip
         assert len(launch.seen) == 3
+
+
+def test_a_cold_run_has_inductors_caches_of_its_own_and_the_studys_triton_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: a cold start's inductor caches are its own and empty (it generates and
+    autotunes every kernel, as a job on a fresh host does), but the kernels' binaries it may
+    find in the study's Triton cache; its later runs use the study's caches."""
+    seen: list[TrialRun] = []
+
+    def launch(run: TrialRun, run_dir: Path) -> TrialResult:
+        seen.append(run)
+        return TrialResult(outcome=TrialOutcome.CRASHED, error="")
+
+    study_root = str(tmp_path / "compile-cache")
+    cold = dataclasses.replace(_jobs(1)[0], cold=True)
+    run_batch(
+        [cold], runs=2, runs_dir=tmp_path, devices=(), launch=launch, on_phase=lambda _: None,
+        make_run=lambda spec: dataclasses.replace(_make_run(spec), cache_root=study_root),
+    )  # fmt: skip
+    first, second = seen
+    assert first.cache_root == str(tmp_path / "reverify-0000-0" / COLD_CACHES)
+    assert first.triton_cache == f"{study_root}/triton"
+    assert (second.cache_root, second.triton_cache) == (study_root, None)
+    assert TrialRun.from_json_dict(first.to_json_dict()) == first
+    for run, inductor in ((first, first.cache_dir()), (second, second.cache_dir())):
+        for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+            monkeypatch.setenv(name, "")  # restored after the test
+        assert prepare_process_environment(run) is True  # both start empty here
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == inductor
+        assert os.environ["TRITON_CACHE_DIR"] == f"{study_root}/triton"

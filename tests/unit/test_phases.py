@@ -111,3 +111,30 @@ def test_an_old_run_counts_its_first_step_as_compile_and_the_rest_unsplit() -> N
     )  # fmt: skip
     row = phase_of(run)
     assert row.phases_s == {"compile": 30.0, UNSPLIT: 10.0}
+
+
+def test_a_worker_says_how_far_into_the_search_it_got_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 44: the time from a 4-GPU search's command to its first trial (9.5-15 s) was
+    not explained; each worker now logs its start, imports and readiness against the
+    search's start (its process start as a `time.monotonic` reading, handed down)."""
+    import subprocess
+    import sys
+
+    from budgettune.trial.phases import SEARCH_STARTED_ENV, process_started_at, startup_line
+
+    now = time.monotonic()
+    started = process_started_at()
+    assert now - 600 < started <= now  # this test process started before now, on one clock
+    code = "import time; from budgettune.trial.phases import process_started_at as p; " \
+        "print(p() - float(__import__('sys').argv[1]))"  # fmt: skip
+    before = time.monotonic()
+    age = float(subprocess.check_output([sys.executable, "-c", code, str(before)], text=True))
+    assert -0.05 < age < 5.0  # a child started after `before` (within a clock tick)
+    monkeypatch.delenv(SEARCH_STARTED_ENV, raising=False)
+    assert startup_line("worker on cuda:0", {"ready": now}) is None
+    monkeypatch.setenv(SEARCH_STARTED_ENV, str(now - 3.0))
+    assert startup_line("worker on cuda:0", {"started": now - 1.5, "ready": now}) == (
+        "worker on cuda:0: started 1.5 s, ready 3.0 s after the search command started"
+    )

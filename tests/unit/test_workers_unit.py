@@ -94,8 +94,9 @@ def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_pa
     its own sampler stream and its GPU's share of the cores."""
     from budgettune.study.study import SAMPLER_STREAM_ENV, SearchObserver
     from budgettune.study.target import TrialCount
-    from budgettune.trial.cpu_cores import CPUS_ENV
+    from budgettune.trial.cpu_cores import COMPILE_THREADS_ENV, CPUS_ENV
 
+    monkeypatch.delenv(COMPILE_THREADS_ENV, raising=False)
     started: list[list[str]] = []
     envs: list[dict[str, str]] = []
 
@@ -134,12 +135,15 @@ def test_trials_per_gpu_starts_that_many_workers_on_each_gpu(monkeypatch, tmp_pa
     devices = [command[command.index("--device") + 1] for command in started]
     assert sorted(devices) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
     # issue 44: 16 workers seeded alike ran one configuration 12 times
-    given = [(d, env[SAMPLER_STREAM_ENV], env[CPUS_ENV]) for d, env in zip(devices, envs)]
+    given = [
+        (d, env[SAMPLER_STREAM_ENV], env[CPUS_ENV], env[COMPILE_THREADS_ENV])
+        for d, env in zip(devices, envs)
+    ]  # and the two trials of a GPU split its 4 cores' compile workers
     assert given == [
-        ("cuda:0", "1", "0-3"),
-        ("cuda:0", "2", "0-3"),
-        ("cuda:1", "3", "4-7"),
-        ("cuda:1", "4", "4-7"),
+        ("cuda:0", "1", "0-3", "2"),
+        ("cuda:0", "2", "0-3", "2"),
+        ("cuda:1", "3", "4-7", "2"),
+        ("cuda:1", "4", "4-7", "2"),
     ]
     logs = sorted(p.name for p in (tmp_path / "s" / "workers").iterdir())
     assert logs == ["cuda0-2.log", "cuda0.log", "cuda1-2.log", "cuda1.log"]

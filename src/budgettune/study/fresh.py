@@ -13,6 +13,7 @@ one reuses them (`Searcher.fresh_batch`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from budgettune.storage import Storage
-from budgettune.trial.cpu_cores import CPUS_ENV
+from budgettune.trial.cpu_cores import share_env
 from budgettune.trial.launcher import launch_trial, run_env
 from budgettune.trial.results import TrialResult
 from budgettune.trial.servers import TrialServers
@@ -45,7 +46,8 @@ class FreshJob:
     """Compare each run's numerics with the study's reference."""
     cold: bool = False
     """Its first run starts with empty compile caches of its own, as a job on a fresh host
-    (its later runs share the study's caches)."""
+    (its later runs share the study's caches); Triton's kernel binaries it may find in the
+    study's cache (`TrialRun.triton_cache`)."""
 
 
 COLD_CACHES = "cold-caches"
@@ -101,7 +103,11 @@ def run_batch(
             run = dataclasses.replace(run, device=device)
         folder = runs_dir / f"{jobs[index].run_name}-{offsets[index] + repeat}"
         if jobs[index].cold and repeat == 0 and run.cache_root is not None:
-            run = dataclasses.replace(run, cache_root=str(folder / COLD_CACHES))
+            run = dataclasses.replace(
+                run,
+                cache_root=str(folder / COLD_CACHES),
+                triton_cache=os.path.join(run.cache_root, "triton"),  # the study's
+            )
         return run, folder
 
     def measured(index: int, repeat: int, device: str | None) -> TrialResult:
@@ -152,18 +158,16 @@ def launcher(
     timeout_s: float,
     servers: TrialServers | None = None,
     cpu_shares: Mapping[str, str] | None = None,
+    sharing: int = 1,
 ) -> Launch:
     """`launch_trial` with the search's timeout and trial servers; a run on a device that
-    ``cpu_shares`` names keeps to that share of the cores (`budgettune.trial.cpu_cores`)."""
+    ``cpu_shares`` names keeps to that share of the cores, and ``sharing`` runs a GPU split
+    its compile workers (`budgettune.trial.cpu_cores.share_env`)."""
 
     def launch(run: TrialRun, run_dir: Path) -> TrialResult:
-        share = (cpu_shares or {}).get(run.device)
+        extra = share_env((cpu_shares or {}).get(run.device), sharing)
         return launch_trial(
-            run,
-            run_dir=run_dir,
-            timeout_s=timeout_s,
-            servers=servers,
-            extra_env={CPUS_ENV: share} if share else None,
+            run, run_dir=run_dir, timeout_s=timeout_s, servers=servers, extra_env=extra or None
         )
 
     return launch
@@ -201,6 +205,7 @@ def prestart_servers(
     base: TrialSpec,
     devices: Sequence[str],
     cpu_shares: Mapping[str, str],
+    sharing: int = 1,
 ) -> None:
     """Start a trial server for each device slot of the fresh runs now, so that the first
     batch of re-verification forks from servers that have imported torch and the workload's
@@ -212,7 +217,6 @@ def prestart_servers(
     run = make_run(base)
     envs = []
     for device in devices:
-        share = cpu_shares.get(device)
-        extra = {CPUS_ENV: share} if share else None
+        extra = share_env(cpu_shares.get(device), sharing) or None
         envs.append(run_env(dataclasses.replace(run, device=device), extra))
     servers.prestart(envs)

@@ -91,6 +91,7 @@ def run_search(
                     search.base,
                     searcher.devices,
                     searcher.cpu_shares,
+                    search.trials_per_gpu,
                 ),
             )
         else:

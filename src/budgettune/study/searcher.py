@@ -115,12 +115,10 @@ class Searcher:
         self.done = 0
         self.total = search.num_trials
         self.abort: BudgettuneError | None = None
-        self.running_trial: int | None = None
-        """The number of the trial this process is running, while it runs."""
+        self.running_trial: int | None = None  # the trial this process runs, while it runs
         self.devices = tuple(devices)
         self.cpu_shares = cpu_shares(self.devices)  # for the fresh runs on each (several GPUs)
-        self.fresh_slots = max(1, len(self.devices))
-        """How many fresh runs go out at once: one per device slot (1 on one device)."""
+        self.fresh_slots = max(1, len(self.devices))  # fresh runs at once: 1 on one device
         self.servers = trial_servers(search.trial_run(search.base), self.runs_dir / "servers")
         """Pre-imported trial servers the trials and fresh runs of this process fork from
         (the first trial of an environment starts one, and forks from it once it is ready)."""
@@ -353,12 +351,12 @@ class Searcher:
     def fresh_batch(
         self, jobs: Sequence[FreshJob], runs: int | None = None
     ) -> list[list[TrialResult]]:
-        """Measure each job ``runs`` times (default ``--reverify``) in fresh processes, over
-        every device of ``devices`` at once, each run stored as a ``reverify`` of its trial as
-        soon as it is in (numerics checked where the job asks). Runs stored for the same trial
-        and configuration on the same GPU model and torch (`stored_runs`) count."""
-        kept = stored_runs(self.store, self.search.study_name, jobs)
-        wanted = self.search.reverify_runs if runs is None else runs
+        """Measure each job ``runs`` times (default ``--reverify``) in fresh processes over every
+        device slot at once, each stored as a ``reverify`` of its trial as it comes (numerics
+        checked where asked); runs stored for it on this GPU model and torch count."""
+        search = self.search
+        kept = stored_runs(self.store, search.study_name, jobs)
+        wanted = search.reverify_runs if runs is None else runs
         found = self.unconstrained()  # read once for the whole batch
 
         def finish(index: int, result: TrialResult) -> TrialResult:
@@ -371,10 +369,12 @@ class Searcher:
         fresh = run_batch(
             cold_once(jobs, kept),
             runs=[max(0, wanted - len(old)) for old in kept],
-            make_run=self.search.trial_run,
+            make_run=search.trial_run,
             runs_dir=self.runs_dir,
             devices=self.devices,
-            launch=launcher(self.search.trial_timeout_s, self.servers, self.cpu_shares),
+            launch=launcher(
+                search.trial_timeout_s, self.servers, self.cpu_shares, search.trials_per_gpu
+            ),
             on_phase=self.on_phase,
             finish=finish,
             first_repeat=[len(old) for old in kept],

@@ -3,9 +3,7 @@
     run_worker(WorkerJob(study_name="tiny-gpt-cpu-125MB-device", storage_url=url))
     run_gpu_workers(searcher, [0, 1, 2, 3], search=search, storage_url=url, observer=observer)
 
-(the second is `budgettune search --gpus 0,1,2,3`).
-
-A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
+(the second is `budgettune search --gpus 0,1,2,3`). A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
 it), so it needs only the study name and the storage. Each worker runs one trial at a time on
 its device; ``--gpus`` starts one ``budgettune worker --device cuda:N`` process per GPU, so
 no GPU ever runs two trials, or ``--trials-per-gpu`` of them per GPU, which then take turns on
@@ -48,8 +46,9 @@ from budgettune.study.study import (
     worker_sampler_seed,
 )
 from budgettune.study.target import HEARTBEAT_INTERVAL_S, NextStep, TrialCount
-from budgettune.trial.cpu_cores import CPUS_ENV, apply_cpu_share, cpu_shares
+from budgettune.trial.cpu_cores import apply_cpu_share, cpu_shares, share_env
 from budgettune.trial.devices import check_device_available, cuda_device_count
+from budgettune.trial.phases import SEARCH_STARTED_ENV, process_started_at, startup_line
 from budgettune.trial.processes import spawn
 from budgettune.trial.trial_run import DEVICE_PATTERN
 from budgettune.workload import check_reference
@@ -125,6 +124,7 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
         StorageError: unreachable, schema ahead or behind, or lost mid-run (finished trials
             stay stored).
     """
+    marks = {"started": process_started_at(), "imported": time.monotonic()}
     apply_cpu_share()  # its GPU's share of the cores, from `run_gpu_workers`
     if job.device is not None:
         check_device_available(job.device)
@@ -175,6 +175,9 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
     with Searcher(search, store, observer, add_trials=False) as searcher:
         with database_errors(store.url):
             start = searcher.count()
+        said = startup_line(f"worker on {search.device}", {**marks, "ready": time.monotonic()})
+        if said:
+            print(said, file=sys.stderr, flush=True)
         searcher.observer.started(job.study_name, max(start.target - start.finished, 0))
         searcher.run_trials(max_trials=job.max_trials)
         with database_errors(store.url):
@@ -310,7 +313,7 @@ def run_gpu_workers(
             f"cannot make the workers' log folder {log_dir} ({exc.strerror}); check --runs-dir "
             "and the free space on its disk"
         ) from exc
-    env = {**os.environ, STORAGE_ENV: storage_url}
+    env = {**os.environ, STORAGE_ENV: storage_url, SEARCH_STARTED_ENV: str(process_started_at())}
     groups = gpu_groups(gpus, search.nproc_per_node)
     shares = cpu_shares([group_device(group) for group in groups])
     workers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
@@ -320,9 +323,7 @@ def run_gpu_workers(
                 suffix = f"-{turn + 1}" if turn else ""
                 log_path = log_dir / f"cuda{'_'.join(map(str, group))}{suffix}.log"
                 own = {**env, SAMPLER_STREAM_ENV: str(len(workers) + 1)}
-                share = shares.get(group_device(group))
-                if share:
-                    own[CPUS_ENV] = share
+                own.update(share_env(shares.get(group_device(group)), search.trials_per_gpu))
                 workers.append(_start_worker(search, group, runs_dir, own, log_path))
         while any(process.poll() is None for _, process, _ in workers):
             time.sleep(PROGRESS_POLL_S)

@@ -28,6 +28,9 @@ MAX_CPU = 2**16 - 1
 ``0-999999999`` built a set of 10^9 numbers, 22 GB, until the host's OOM killer came (issue 48)."""
 MIN_CORES_PER_SHARE = 2
 """Fewer cores than this per GPU: no shares (the processes run on every core, as before)."""
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+"""Inductor's compile workers per process (read when torch is imported; by default one per
+core the process may use, at most 32)."""
 
 
 def format_cpu_list(cores: Iterable[int]) -> str:
@@ -79,6 +82,24 @@ def cpu_shares(devices: Sequence[str], cores: Iterable[int] | None = None) -> di
         device: format_cpu_list(ordered[i * n // k : (i + 1) * n // k])
         for i, device in enumerate(unique)
     }
+
+
+def share_env(share: str | None, sharing: int) -> dict[str, str]:
+    """The environment of a process that keeps to ``share`` (a CPU list, or None: every core
+    of this process) with ``sharing`` - 1 other trials of its GPU: `CPUS_ENV`, and for a shared
+    GPU inductor's compile workers split among them (`COMPILE_THREADS_ENV`), unless the user
+    set that. Each trial would otherwise start a pool of one worker per core (four trials a
+    GPU on 16 cores: 64 workers, each importing torch while the four compile); how many
+    workers compile changes how soon the kernels are built, never which kernels, so what a
+    trial measures is what its job runs."""
+    env = {CPUS_ENV: share} if share else {}
+    if sharing > 1 and COMPILE_THREADS_ENV not in os.environ:
+        try:
+            cores = len(parse_cpu_list(share)) if share else len(os.sched_getaffinity(0))
+        except (ValueError, AttributeError):  # no affinities on this system: torch decides
+            return env
+        env[COMPILE_THREADS_ENV] = str(max(1, min(32, cores // sharing)))
+    return env
 
 
 def apply_cpu_share(environ: Mapping[str, str] | None = None) -> set[int] | None:

@@ -125,3 +125,31 @@ def check_phases(phases: Mapping[str, object]) -> dict[str, float]:
             raise ValueError(f"phase {phase!r} is not a number of seconds: {value!r}")
         out[phase] = seconds
     return {phase: out[phase] for phase in PHASES if phase in out}
+
+
+SEARCH_STARTED_ENV = "BUDGETTUNE_SEARCH_STARTED_AT"
+"""The search command's start (a `time.monotonic` reading), given to its workers so that each
+says in its log how far into the search it got ready (`startup_line`; issue 44: 9.5-15 s went
+from a 4-GPU search's command to its first trial, not yet explained)."""
+
+
+def process_started_at() -> float:
+    """This process's start as a `time.monotonic` reading (Linux's ``/proc``; elsewhere now)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return time.monotonic() - max(age, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic()
+
+
+def startup_line(who: str, marks: Mapping[str, float]) -> str | None:
+    """``who: started 1.2 s after the search command, imported 2.0 s, ...``: each mark (a
+    `time.monotonic` reading) against the search's start; None outside a search's workers."""
+    try:
+        origin = float(os.environ[SEARCH_STARTED_ENV])
+    except (KeyError, ValueError):
+        return None
+    said = ", ".join(f"{name} {at - origin:.1f} s" for name, at in marks.items())
+    return f"{who}: {said} after the search command started"
