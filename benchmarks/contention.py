@@ -15,7 +15,8 @@ configuration, with `grid30_final.FINAL_STEPS`) on ``--gpu``:
   (inductor's caches off, so it keeps compiling), as the searches and grids of the other GPUs
   do;
 - ``shares``: the same neighbours, with the subject and each neighbour on its own share of the
-  host's CPUs (`benchmarks.cpu_share`), as `grid_vs_search_gpu.sh` now runs its workers.
+  host's CPUs (`benchmarks.cpu_share`), as the grid suite runs its hand-grid workers
+  (`benchmarks/suites/grid-hand.sh`).
 
 Every record carries its phase; the summary gives each phase's median, min and max step time.
 """

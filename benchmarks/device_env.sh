@@ -1,4 +1,4 @@
-# Sourced by the device scripts (tuner_gpu.sh, wall_gpu.sh, sharded_gpu.sh and their drivers),
+# Sourced by benchmarks/run.sh and the suites it runs (benchmarks/suites/, fast_search_gpu.sh),
 # from the repository root: the carried wheels (.whl: the project and the dependencies the
 # hosts lack, shared/device-wheels/README.md) installed once per machine into /tmp/site, and
 # a bytecode cache as a normal install has. The device hosts set PYTHONDONTWRITEBYTECODE=1 and
@@ -17,7 +17,7 @@ export PYTHONPATH=/tmp/site PYTHONPYCACHEPREFIX=/tmp/bt-pycache
 bt_running() { [ -f "$1/pid" ] && kill -0 "$(cat "$1/pid")" 2>/dev/null; }
 # No driver running and none finished on this machine: the call must start one.
 bt_needs_driver() { ! bt_running "$1" && ! grep -q "driver done" "$1/driver.log" 2>/dev/null; }
-# The pin file of one of tuner_gpu.sh's limits (benchmarks/tuner.py pin_file). $1: the limit.
+# The pin file of one of the grid suite's limits (benchmarks/tuner.py pin_file). $1: the limit.
 bt_pin_file() {
     python3 -c "import sys; from benchmarks.tuner import pin_file; print(pin_file(sys.argv[1]))" "$1"
 }

@@ -81,10 +81,11 @@ LIMIT_NAMES = ("L1", "L2", "L3", "L4", "L5", "V")
 
 
 def split_run(token: str) -> tuple[str, int | None]:
-    """A limit's search as ``tuner_gpu.sh`` and ``tuner.py run`` name it: ``L3`` (the limit's
-    search, its sampler seed drawn at random), or ``L3-s1``: the same search again with sampler
-    seed 1, in a study and a pin of its own, to show the spread of one limit's search (issue 30's
-    "a lucky run cannot pass"). A bad token is a ``ValueError`` naming it."""
+    """A limit's search as the grid suite (``suites/grid-limits.sh``) and ``tuner.py run`` name
+    it: ``L3`` (the limit's search, its sampler seed drawn at random), or ``L3-s1``: the same
+    search again with sampler seed 1, in a study and a pin of its own, to show the spread of one
+    limit's search (issue 30's "a lucky run cannot pass"). A bad token is a ``ValueError``
+    naming it."""
     name, sep, seed = token.partition("-s")
     if name not in LIMIT_NAMES or (sep and not seed.isdigit()):
         raise ValueError(f"{token!r} is not a limit: one of {', '.join(LIMIT_NAMES)}, or L3-s1")

@@ -45,7 +45,7 @@ from benchmarks.limits import (
     pin_file,
     split_run,
 )
-from benchmarks.limits import study_name as study_name  # tuner_gpu.sh reads it from here
+from benchmarks.limits import study_name as study_name  # suites/grid-limits.sh reads it here
 from budgettune.storage.trials import is_feasible
 from budgettune.trial.spec import TrialSpec
 

@@ -9,8 +9,8 @@ pins or more. Each search's record (`benchmarks.tuner`) compares its pin, re-mea
 with a grid point measured on another day; whether the search again did better or worse than the
 first needs both pins and the grid's `FINAL_GRID_POINTS` fastest points under the limit timed
 alike: each in a fresh process with `FINAL_STEPS`, rounds in rotating order, medians
-(`benchmarks.grid30_final.measure_rounds`, issue 30's head-to-head). ``tuner_gpu.sh``'s
-``VS-L3`` runs it, one round per GPU.
+(`benchmarks.grid30_final.measure_rounds`, issue 30's head-to-head). The grid suite's
+``VS-L3`` step (``bash benchmarks/run.sh grid WAIT_S VS-L3``) runs it, one round per GPU.
 """
 
 from __future__ import annotations

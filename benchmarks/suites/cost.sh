@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Where a trial's wall time goes, on the device (with .whl carried):
+# The cost suite (issue 10; formerly fresh_run_cost.sh): where a trial's wall time goes.
 #
-#   bash benchmarks/fresh_run_cost.sh OUT_DIR
+#   bash benchmarks/run.sh cost WAIT_S                 (device, .whl carried)
 #
 # Python start-up and torch's imports (as the host has them, then with a bytecode cache in /tmp:
 # written by the first, read by the second; `startup.txt` of 2026-11-25 was taken before this
@@ -10,13 +10,14 @@
 # a greedy-solver budget 0.86 (another cache variant: shares only Triton's kernels) and full
 # block AC (with the compile caches' log lines, which say why its FX-graph cache is bypassed).
 # Each trial log carries timestamped stages: launch, torch imported, workload built, step
-# prepared, measured (compile included), the child's end.
+# prepared, measured (compile included), the child's end. Everything runs as the host has
+# Python (PYTHONDONTWRITEBYTECODE=1, no bytecode cache), as the 2026-11-25 figures were taken,
+# not with the cache benchmarks/device_env.sh gives the other suites.
 set -uo pipefail
-out=$1
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > /dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site
+out=${BT_OUT:?run by benchmarks/run.sh}
+export PYTHONDONTWRITEBYTECODE=1
+unset PYTHONPYCACHEPREFIX
+rm -rf /tmp/bt-cost-pycache  # the cache the second import writes and the third reads
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     date -u +%FT%TZ
@@ -24,7 +25,7 @@ export PYTHONPATH=/tmp/site
     site=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")
     echo "torch at $site; writable: $([ -w "$site" ] && echo yes || echo no);" \
         ".pyc files under torch/_inductor: $(find "$site/_inductor" -name '*.pyc' | wc -l)"
-    for prefix in "" /tmp/bt-pycache /tmp/bt-pycache; do
+    for prefix in "" /tmp/bt-cost-pycache /tmp/bt-cost-pycache; do
         start=$(date +%s%N)
         if [ -n "$prefix" ]; then  # the hosts set PYTHONDONTWRITEBYTECODE=1: unset it here
             env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$prefix \
@@ -41,12 +42,12 @@ llama="--workload builtin:llama --device cuda --timed-steps 8"
 run() {  # name, then trial flags
     local name=$1
     shift
-    python3 -m budgettune.cli trial $llama "$@" --run-dir "/tmp/bt-cost/$name" \
+    python3 -m budgettune.cli trial $llama "$@" --run-dir "$BT_STATE/runs/$name" \
         > "$out/$name.out" 2>&1
-    cp "/tmp/bt-cost/$name/trial.log" "$out/$name.log"
+    cp "$BT_STATE/runs/$name/trial.log" "$out/$name.log"
     grep -h "INFO budgettune" "$out/$name.log" | cut -c12-23,60-200 | grep -v measuring
 }
-rm -rf budgettune-runs/compile-cache /tmp/bt-cost  # `trial` caches there: start cold
+rm -rf budgettune-runs/compile-cache "$BT_STATE/runs"  # `trial` caches there: start cold
 run budget-1.0-cold
 run budget-1.0-warm
 run greedy-0.86 --budget 0.86 --solver greedy --optimizer-impl fused \
