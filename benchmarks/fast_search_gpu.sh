@@ -29,7 +29,10 @@
 #                  --trials-per-gpu 5 (its 20 trials at once on four GPUs), likewise;
 #                  gpt2m-mixed-c: a third mixed search; gpt2m-mixed16, job-gpt2m-mixed16: the
 #                  mixed search with TORCHINDUCTOR_COMPILE_THREADS=16 (torch's own count on a
-#                  16-core share, as before each trial got its share / trials-per-gpu)
+#                  16-core share, as before each trial got its share / trials-per-gpu),
+#                  gpt2m-mixed16-b: again
+#   warm           one `budgettune trial` of a tiny GPT-2 (the host's bytecode written before
+#                  the first timed search)
 #   startup        NVML's set-up and the CLI's imports, timed in fresh processes
 #   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
 #                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
@@ -235,7 +238,8 @@ run_step() {
         gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
         gpt2m-regional) search "$1" "${gpt2m[@]}" --compile-scopes blocks ;;
         gpt2m-mixed|gpt2m-mixed-b|gpt2m-mixed-c) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
-        gpt2m-mixed16) TORCHINDUCTOR_COMPILE_THREADS=16 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        gpt2m-mixed16|gpt2m-mixed16-b) TORCHINDUCTOR_COMPILE_THREADS=16 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        warm) trial_json warm -w hf:gpt2 -o tiny=true -o batch_size=8 -o seq_len=128 ;;
         vs-gpt2m-mixed) versus gpt2m-mixed "$(newest gpt2m-mixed)" "$grid30_s0" ;;
         gpt2m-mixed5) TRIALS_PER_GPU=5 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         vs-gpt2m-mixed5) versus gpt2m-mixed5 "$(newest gpt2m-mixed5)" "$grid30_s0" ;;

@@ -108,12 +108,13 @@ def test_each_result_is_finished_in_order_as_it_comes_and_missing_runs_only(
         assert len(launch.seen) == 3
 
 
-def test_a_cold_run_has_inductors_caches_of_its_own_and_the_studys_triton_kernels(
+def test_a_cold_run_has_compile_caches_of_its_own_triton_included(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 44: a cold start's inductor caches are its own and empty (it generates and
-    autotunes every kernel, as a job on a fresh host does), but the kernels' binaries it may
-    find in the study's Triton cache; its later runs use the study's caches."""
+    """A cold start's caches are its own and empty, Triton's too, as a job's on a fresh host;
+    its later runs use the study's. Issue 44 tried keeping the study's Triton cache for it:
+    one such run compiled another program (0.8 GB lighter, 8 % slower) than its siblings and
+    the cold job, and the pin understated the job's peak by 0.9 %."""
     seen: list[TrialRun] = []
 
     def launch(run: TrialRun, run_dir: Path) -> TrialResult:
@@ -127,13 +128,11 @@ def test_a_cold_run_has_inductors_caches_of_its_own_and_the_studys_triton_kernel
         make_run=lambda spec: dataclasses.replace(_make_run(spec), cache_root=study_root),
     )  # fmt: skip
     first, second = seen
-    assert first.cache_root == str(tmp_path / "reverify-0000-0" / COLD_CACHES)
-    assert first.triton_cache == f"{study_root}/triton"
-    assert (second.cache_root, second.triton_cache) == (study_root, None)
-    assert TrialRun.from_json_dict(first.to_json_dict()) == first
-    for run, inductor in ((first, first.cache_dir()), (second, second.cache_dir())):
+    own = str(tmp_path / "reverify-0000-0" / COLD_CACHES)
+    assert (first.cache_root, second.cache_root) == (own, study_root)
+    for run, root in ((first, own), (second, study_root)):
         for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
             monkeypatch.setenv(name, "")  # restored after the test
         assert prepare_process_environment(run) is True  # both start empty here
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == inductor
-        assert os.environ["TRITON_CACHE_DIR"] == f"{study_root}/triton"
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == run.cache_dir()
+        assert os.environ["TRITON_CACHE_DIR"] == f"{root}/triton"

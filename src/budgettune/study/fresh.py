@@ -13,7 +13,6 @@ one reuses them (`Searcher.fresh_batch`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -45,9 +44,11 @@ class FreshJob:
     check: bool = True
     """Compare each run's numerics with the study's reference."""
     cold: bool = False
-    """Its first run starts with empty compile caches of its own, as a job on a fresh host
-    (its later runs share the study's caches); Triton's kernel binaries it may find in the
-    study's cache (`TrialRun.triton_cache`)."""
+    """Its first run starts with empty compile caches of its own, Triton's included, as a job
+    on a fresh host (its later runs share the study's caches). Issue 44: with the study's
+    Triton cache kept, one such run of a pinned configuration compiled a program 0.8 GB lighter
+    and 8 % slower than the same configuration's other runs, and the pin understated its cold
+    job's peak by 0.9 % (benchmarks/results/h200-compile-threads-2026-11-29/)."""
 
 
 COLD_CACHES = "cold-caches"
@@ -103,11 +104,7 @@ def run_batch(
             run = dataclasses.replace(run, device=device)
         folder = runs_dir / f"{jobs[index].run_name}-{offsets[index] + repeat}"
         if jobs[index].cold and repeat == 0 and run.cache_root is not None:
-            run = dataclasses.replace(
-                run,
-                cache_root=str(folder / COLD_CACHES),
-                triton_cache=os.path.join(run.cache_root, "triton"),  # the study's
-            )
+            run = dataclasses.replace(run, cache_root=str(folder / COLD_CACHES))
         return run, folder
 
     def measured(index: int, repeat: int, device: str | None) -> TrialResult:

@@ -3,12 +3,12 @@
     run_worker(WorkerJob(study_name="tiny-gpt-cpu-125MB-device", storage_url=url))
     run_gpu_workers(searcher, [0, 1, 2, 3], search=search, storage_url=url, observer=observer)
 
-(the second is `budgettune search --gpus 0,1,2,3`). A worker reads the whole `SearchSpec` from the study (stored by the ``search`` that created
-it), so it needs only the study name and the storage. Each worker runs one trial at a time on
-its device; ``--gpus`` starts one ``budgettune worker --device cuda:N`` process per GPU, so
-no GPU ever runs two trials, or ``--trials-per-gpu`` of them per GPU, which then take turns on
-it (`budgettune.trial.gpu_turns`: only their compiles overlap). What counts toward the target:
-`budgettune.study.target`.
+(the second is `budgettune search --gpus 0,1,2,3`). A worker reads the whole `SearchSpec` from the
+study (stored by the ``search`` that created it), so it needs only the study name and the storage.
+Each worker runs one trial at a time on its device; ``--gpus`` starts one ``budgettune worker
+--device cuda:N`` process per GPU, so no GPU ever runs two trials, or ``--trials-per-gpu`` of them
+per GPU, which then take turns on it (`budgettune.trial.gpu_turns`: only their compiles overlap).
+What counts toward the target: `budgettune.study.target`.
 """
 
 from __future__ import annotations

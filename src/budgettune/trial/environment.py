@@ -29,8 +29,7 @@ def prepare_process_environment(run: TrialRun) -> bool:
     list (measured on torch 2.13) and a shared cache would serve a stale partition. Triton's
     cache (compiled kernels and launcher stubs, keyed by their source and target) is safe to
     share, so every variant of the cache root uses one: a trial of a new variant then compiles
-    only the kernels no earlier trial had (and a cold run, whose inductor caches are its own
-    and empty, keeps it: `TrialRun.triton_cache`).
+    only the kernels no earlier trial had.
 
     Args:
         run: the trial to launch.
@@ -48,7 +47,7 @@ def prepare_process_environment(run: TrialRun) -> bool:
         triton_dir = os.path.join(cache_dir, "triton")
     else:
         os.makedirs(cache_dir, exist_ok=True)
-        triton_dir = run.triton_cache or os.path.join(run.cache_root, "triton")
+        triton_dir = os.path.join(run.cache_root, "triton")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     os.environ["TRITON_CACHE_DIR"] = triton_dir
     return not os.listdir(cache_dir)

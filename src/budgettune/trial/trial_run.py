@@ -36,12 +36,6 @@ class TrialRun:
     """``cpu``, ``cuda`` or ``cuda:N``."""
     cache_root: str | None = None
     """Root of the per-variant compile-cache directories; None turns the compile caches off."""
-    triton_cache: str | None = None
-    """Triton's compiled-kernel cache, where it is not ``cache_root``'s own ``triton`` folder: a
-    cold run (inductor's caches empty, as on a fresh host) keeps the study's, since a kernel's
-    binary is keyed by its source and target and nothing a first step reserves on the device
-    depends on whether it was compiled now or found (inductor still generates, and autotunes,
-    every kernel: its best configurations live in its own cache folder)."""
     nproc_per_node: int = 1
     """Ranks of the trial: above 1 it runs under ``torch.distributed.run``, sharded (FSDP2)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -86,7 +80,6 @@ class TrialRun:
             "workload_options": dict(self.workload_options),
             "device": self.device,
             "cache_root": self.cache_root,
-            "triton_cache": self.triton_cache,
             "nproc_per_node": self.nproc_per_node,
             "collective_timeout_s": self.collective_timeout_s,
             "shared_gpu": self.shared_gpu,
@@ -99,7 +92,7 @@ class TrialRun:
         Raises:
             SpecError: on unknown keys or invalid values.
         """
-        known = {"spec", "workload", "workload_options", "device", "cache_root", "triton_cache"}
+        known = {"spec", "workload", "workload_options", "device", "cache_root"}
         known |= {"nproc_per_node", "collective_timeout_s", "shared_gpu"}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -110,7 +103,6 @@ class TrialRun:
             workload_options=data.get("workload_options", {}),
             device=data.get("device", "cpu"),
             cache_root=data.get("cache_root"),
-            triton_cache=data.get("triton_cache"),
             nproc_per_node=int(data.get("nproc_per_node", 1)),
             collective_timeout_s=float(
                 data.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
