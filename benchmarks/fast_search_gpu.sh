@@ -34,6 +34,10 @@
 #   warm           one `budgettune trial` of a tiny GPT-2 (the host's bytecode written before
 #                  the first timed search)
 #   startup        NVML's set-up and the CLI's imports, timed in fresh processes
+#   cache-programs `budgettune trial` of GPT-2 medium at budget 0.0763, op AC every block, fused
+#                  (the 4-GPU mixed5 search's trial 14, 10.09 GB / 51.2 ms cold and 9.18 GB /
+#                  56.8 ms in runs sharing the study's caches) twice in caches of its own, then
+#                  in caches where budget 1.0 compiled first (Triton's holding its kernels)
 #   vs-l1          the newest l1-after pin against the newest l1-before pin (none on this
 #                  machine: 2026-11-28's, h200x4-fast-search-2026-11-28/), 3 rounds
 #   vs-gpt2m       the newest gpt2m-after pin against grid30's seed-0 pin, 3 rounds
@@ -206,6 +210,22 @@ PY
     tail -n 3 "$dir/versus.txt"
     job "b46-$name" "$dir/batch-pin.json"
 }
+cache_programs() {  # does a configuration compile to another program from others' caches?
+    local out=$state/out/cache root=/tmp/bt-cache
+    local opts=(--workload hf:gpt2 -o n_layer=24 -o n_embd=1024 -o n_head=16 -o batch_size=8
+                -o seq_len=1024 --device cuda --block-ac-every 1 --block-ac-policy op
+                --optimizer-impl fused --json)
+    rm -rf "$root" && mkdir -p "$out"
+    local name dir budget
+    for name in own-1:own:0.0763 own-2:own:0.0763 shared-T:shared:1.0 shared:shared:0.0763; do
+        IFS=: read -r name dir budget <<< "$name"
+        mkdir -p "$root/$dir"
+        (cd "$root/$dir" && python3 -m budgettune.cli trial "${opts[@]}" \
+            --activation-memory-budget "$budget" --run-dir "runs-$name") \
+            > "$out/$name.json" 2> "$out/$name.err"
+        echo "== cache $name: exit $?, $(date -u +%FT%TZ)"
+    done
+}
 startup() {  # what a search pays before its first trial: NVML's set-up, the CLI's imports
     python3 - > "$state/out/startup.txt" 2>&1 <<'PY'
 import subprocess, sys, time
@@ -244,6 +264,7 @@ run_step() {
         gpt2m-mixed5) TRIALS_PER_GPU=5 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         vs-gpt2m-mixed5) versus gpt2m-mixed5 "$(newest gpt2m-mixed5)" "$grid30_s0" ;;
         startup) startup ;;
+        cache-programs) cache_programs ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
         job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-[bc]|job-gpt2m-mixed5|job-gpt2m-mixed16) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)

@@ -198,7 +198,7 @@ def test_a_cut_off_reverification_resumes_with_the_runs_it_stored(
     study.add_trial(_measured("budget-0.5", spec, peak=95_000_000, ms=20.0))
     launched: list[str] = []
 
-    def fake_launcher(timeout_s: float, servers=None, cpu_shares=None):
+    def fake_launcher(timeout_s: float, servers=None, cpu_shares=None, sharing=1):
         def launch(run, run_dir: Path) -> TrialResult:
             launched.append(run_dir.name)
             return result(21.0 + len(launched))
