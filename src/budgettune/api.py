@@ -31,7 +31,7 @@ import optuna
 
 from budgettune.cli.app import STORAGE_ENV, default_device, files_read, quiet_background
 from budgettune.cli.progress import SearchProgress
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, shown_value
 from budgettune.integrations.trainer_workload import write_workload
 from budgettune.pinning import PinnedConfig, check_pin_output, load_pinned, write_pin
 from budgettune.study.run import run_search
@@ -194,7 +194,9 @@ def search(
     )
     gpu_list = [int(g) for g in gpus]
     if gpu_list and not str(values.get("device", "cuda")).startswith("cuda"):
-        raise UsageError(f"budgettune.search: gpus runs on GPUs; drop device={values['device']!r}")
+        raise UsageError(
+            f"budgettune.search: gpus runs on GPUs; drop device={shown_value(values['device'])}"
+        )
     if gpu_list and "device" not in values:
         values["device"] = group_device(gpu_groups(gpu_list, values.get("nproc_per_node", 1))[0])
     spec = build_search_spec(values, default_device=default_device(values["workload"]))
@@ -213,7 +215,7 @@ def search(
 def _path(name: str, value: object) -> str:
     """A path keyword as text, or one line when it is not a path (issue 48's P6-9)."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
-        raise UsageError(f"budgettune.search: {name} takes a path; got {value!r:.80}")
+        raise UsageError(f"budgettune.search: {name} takes a path; got {shown_value(value)}")
     return str(os.fspath(value))
 
 
@@ -224,7 +226,8 @@ def _table(name: str, value: object) -> dict[str, Any] | None:
         return None
     if not isinstance(value, Mapping):
         raise UsageError(
-            f"budgettune.search: {name} takes a mapping, e.g. {name}={{...}}; got {value!r:.80}"
+            f"budgettune.search: {name} takes a mapping, e.g. {name}={{...}}; "
+            f"got {shown_value(value)}"
         )
     return dict(value)
 
@@ -248,16 +251,20 @@ def _check_arguments(
         or not isinstance(gpus, Sequence)
         or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
     ):
-        raise UsageError(f"budgettune.search: gpus takes GPU indices, e.g. [0, 1]; got {gpus!r}")
+        raise UsageError(
+            f"budgettune.search: gpus takes GPU indices, e.g. [0, 1]; got {shown_value(gpus)}"
+        )
     if options is not None and not isinstance(options, Mapping):
         raise UsageError(
             f"budgettune.search: options takes a mapping of builder options, e.g. "
-            f"{{'batch_size': 8}}; got {options!r:.80}"
+            f"{{'batch_size': 8}}; got {shown_value(options)}"
         )
     if options:  # by the study file's schema
         check_study_values("budgettune.search()", {"workload_options": dict(options)})
     if isinstance(max_mem, bool) or not isinstance(max_mem, (str, int)):
-        raise UsageError(f"budgettune.search: max_mem takes '20GB' or bytes; got {max_mem!r:.80}")
+        raise UsageError(
+            f"budgettune.search: max_mem takes '20GB' or bytes; got {shown_value(max_mem)}"
+        )
     for name, value, optional in (
         ("output", output, False),
         ("study_file", study_file, True),
@@ -270,10 +277,12 @@ def _check_arguments(
             or "\0" in os.fspath(value)
             or not os.fspath(value).strip()  # "" would be the current folder (P6-9)
         ):
-            raise UsageError(f"budgettune.search: {name} takes a path; got {value!r:.80}")
+            raise UsageError(f"budgettune.search: {name} takes a path; got {shown_value(value)}")
     for name, value in (("force", force), ("progress", progress)):
         if not isinstance(value, bool):
-            raise UsageError(f"budgettune.search: {name} takes True or False; got {value!r:.80}")
+            raise UsageError(
+                f"budgettune.search: {name} takes True or False; got {shown_value(value)}"
+            )
 
 
 def builder_reference(build: Builder | str) -> tuple[str, str | None]:

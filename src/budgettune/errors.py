@@ -6,10 +6,22 @@
 
 from __future__ import annotations
 
+import reprlib
+
 
 def shown_path(path: str) -> str:
     """A path as one printable line (its newlines and control characters as escapes)."""
     return terminal_safe(path, 200).replace("\n", "\\n")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist = 3, 60, 60, 6
+
+
+def shown_value(value: object) -> str:
+    """``value`` as an error line shows it: at most 80 characters, however deep it nests (a
+    list 3,000 deep raised `RecursionError` while its line was built: issue 48's P9-6)."""
+    return _REPR.repr(value)[:80]
 
 
 def first_line(text: str) -> str:

@@ -35,6 +35,14 @@ def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -
         raise UsageError(f"{flag} {value!r} is not a comma-separated list of numbers") from None
 
 
+def _index(text: str) -> int:
+    """A GPU index as the docs write it: ASCII digits only (``１２``, ``1_000`` and ``+3`` were
+    read as 12, 1000 and 3: issue 48's P9-10)."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 @app.command()
 @handles_errors
 @with_options(search_parameters, into="knobs")
@@ -97,7 +105,7 @@ def search(
     read = files_read(flags.get("storage_url"), study_file)
     check_pin_output(output, force=force, protected=read)  # before the search, not after it
     file_values = read_study_file(study_file) if study_file is not None else {}
-    gpu_list: list[int] = _csv(gpus, int, flag="--gpus") or []
+    gpu_list: list[int] = _csv(gpus, _index, flag="--gpus") or []
     if gpus is not None and not gpu_list:
         raise UsageError("--gpus takes GPU indices, e.g. 0,1,2,3")
     if gpu_list:

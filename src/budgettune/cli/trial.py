@@ -134,6 +134,11 @@ def trial(
         spec.recompute_ops_removed + spec.recompute_ops_added,
         compiled_offload=spec.compiled_offload,
     )
+    if run_dir is not None and str(run_dir) in ("", "."):  # "" is "." to typer (P9-7)
+        raise UsageError(
+            "--run-dir: name a folder of the trial's own for SPEC.json, RESULT.json and "
+            "trial.log, not the current one"
+        )
     folder = run_dir or default_run_dir("trial")
     with stderr.status(f"measuring {workload} on {run.device} (log: {folder}/trial.log)"):
         result = launch_trial(run, run_dir=folder, timeout_s=timeout)

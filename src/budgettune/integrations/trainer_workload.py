@@ -204,7 +204,7 @@ def check_workload_folder(folder: Path) -> None:
     """Refuse a folder `write_workload` must not write into (issue 48: it replaced a user's own
     ``build.py`` and ``config.json``, and wrote through a ``trainer.json`` link): one whose
     files of those names are not its own (no ``build.py`` it wrote beside them), a file that
-    is a symbolic link, or a path that is not a folder.
+    is a symbolic or hard link, or a path that is not a folder.
 
     Raises:
         UsageError: naming the file and what to do instead.
@@ -213,8 +213,15 @@ def check_workload_folder(folder: Path) -> None:
         raise UsageError(f"write_workload: {folder} is not a folder")
     for name in WRITTEN_FILES:
         path = folder / name
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            what = "a symbolic link" if path.is_symlink() else "not a regular file"
+        linked = path.is_file() and not path.is_symlink() and path.stat().st_nlink > 1
+        if path.is_symlink() or (path.exists() and not path.is_file()) or linked:
+            what = (  # a hard link's other name would be written through (P9-4)
+                "a symbolic link"
+                if path.is_symlink()
+                else "a hard link to another file"
+                if linked
+                else "not a regular file"
+            )
             raise UsageError(  # a FIFO would block the write, a folder fail it (P7-4, P7-5)
                 f"write_workload: {path} is {what}; name a folder of its own for the workload"
             )

@@ -27,6 +27,7 @@ from budgettune.storage.trials import (
     record_of,
     unconstrained_baseline,
 )
+from budgettune.storage.unreadable import stored_object
 from budgettune.storage.user_attrs import (
     EXCLUDED_ATTR,
     SEARCH_ATTR,
@@ -242,7 +243,7 @@ def _host_limit(
     attrs: Mapping[str, Any], trials: Sequence[optuna.trial.FrozenTrial]
 ) -> int | None:
     """The newest search's ``--max-host-mem``, for a study where some trial offloads."""
-    limit = (attrs.get(SPEC_ATTR) or {}).get("max_host_mem_bytes")
+    limit = stored_object(attrs, SPEC_ATTR).get("max_host_mem_bytes")
     offloads = any((spec := record_of(t).spec) is not None and spec.offloads for t in trials)
     return int(limit) if limit is not None and offloads else None
 
@@ -271,7 +272,7 @@ def study_report(storage_url: str | None, study_name: str | None) -> StudyReport
     store = storage_mod.open_storage(storage_url, create=False)
     name = resolve_study_name(store, study_name)
     study = optuna.load_study(study_name=name, storage=store.optuna_storage)
-    search = study.user_attrs.get(SEARCH_ATTR, {})
+    search = stored_object(study.user_attrs, SEARCH_ATTR)
     study_limit = StudyLimit.of(search)
     metric, limit, margin = study_limit.mem_metric, study_limit.max_mem_bytes, study_limit.margin
     trials = study.get_trials(deepcopy=False)

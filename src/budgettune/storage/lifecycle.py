@@ -179,7 +179,11 @@ def _storage_errors(shown: str) -> Iterator[None]:
     try:
         yield
     except DBAPIError as exc:
-        raise StorageError(f"storage {shown}: {driver_line(exc)}") from None
+        line = driver_line(exc)
+        if "file is not a database" in line:  # a user's file given as the storage: nothing
+            # of budgettune's may be left beside it either (issue 48's P9-9: a .claim-lock)
+            raise ForeignDatabaseError(f"storage {shown}: {line}") from None
+        raise StorageError(f"storage {shown}: {line}") from None
 
 
 def _refuse_foreign(engine: Engine, shown: str) -> None:

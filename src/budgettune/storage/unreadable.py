@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Mapping
+from typing import Any
 
 from budgettune.errors import READ_ERRORS, StorageError
 
@@ -36,3 +38,11 @@ def unreadable_data(exc: BaseException) -> StorageError | None:
         "budgettune did not write, or a damaged one; restore the database from a copy "
         "(`--debug` shows where it failed)"
     )
+
+
+def stored_object(attrs: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A study attribute budgettune writes as a JSON object (``search``, ``search_spec``), or
+    ``{}`` where it is missing or hand-edited to something else (issue 48's P9-1 and P9-2:
+    ``[5]`` or ``null`` there crashed ``show`` and ``worker``)."""
+    value = attrs.get(key)
+    return value if isinstance(value, dict) else {}

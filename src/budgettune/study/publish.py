@@ -23,6 +23,7 @@ from budgettune.present.dashboard_views import (
 )
 from budgettune.storage.records import StudyLimit
 from budgettune.storage.trials import record_of
+from budgettune.storage.unreadable import stored_object
 from budgettune.storage.user_attrs import SEARCH_ATTR
 from budgettune.study.opening import name_objective
 
@@ -86,7 +87,7 @@ def study_views(storage: ViewStore, study_name: str) -> tuple[optuna.Study, Any,
         study = optuna.load_study(study_name=study_name, storage=storage.optuna_storage)
     except KeyError:
         raise StudyNotFoundError(f"no study {study_name!r} in {storage.display_url}") from None
-    search = study.user_attrs.get(SEARCH_ATTR, {})
+    search = stored_object(study.user_attrs, SEARCH_ATTR)
     study_limit = StudyLimit.of(search)
     metric = study_limit.mem_metric
     trials = study.get_trials(deepcopy=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from budgettune import storage as storage_mod
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, shown_path
 from budgettune.storage.coordination import creation_lock, database_errors
 from budgettune.storage.engine import storage_files
 from budgettune.study.fresh import prestart_servers
@@ -50,7 +50,8 @@ def run_search(
     if search.num_trials == 0 and database is not None and not database.exists():
         # refused before the storage is opened, which would make an empty database (issue 48)
         raise UsageError(
-            f"--num-trials 0 re-verifies and pins an existing study, and {database} does not "
+            f"--num-trials 0 re-verifies and pins an existing study, and "
+            f"{shown_path(str(database))} does not "
             "exist; give --num-trials N to start a study"
         )
     if gpus:

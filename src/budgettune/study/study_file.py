@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from budgettune.errors import StudyFileError, UsageError, one_line
+from budgettune.errors import StudyFileError, UsageError, one_line, shown_path, shown_value
 from budgettune.study.space import SearchSpace
 from budgettune.study.spec import (
     DEFAULT_WORKLOAD,
@@ -60,18 +60,19 @@ def read_study_file(path: str | Path) -> dict[str, Any]:
             (named, with the known ones) or a value of the wrong type or range.
     """
     source = Path(path)
+    shown = shown_path(str(source))  # a newline in the name must not split the line (P9-8)
     text = _read_bounded(source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise StudyFileError(f"{source}: not a valid TOML study file ({exc})") from None
+        raise StudyFileError(f"{shown}: not a valid TOML study file ({exc})") from None
     except (ValueError, RecursionError) as exc:  # issue 48: a 5000-digit integer, deep nesting
         what = "nested too deep" if isinstance(exc, RecursionError) else one_line(exc)
-        raise StudyFileError(f"{source}: not a study file this reads ({what})") from None
+        raise StudyFileError(f"{shown}: not a study file this reads ({what})") from None
     try:
-        return check_study_values(str(source), data)
+        return check_study_values(shown, data)
     except RecursionError:
-        raise StudyFileError(f"{source}: not a study file this reads (nested too deep)") from None
+        raise StudyFileError(f"{shown}: not a study file this reads (nested too deep)") from None
 
 
 def _read_bounded(source: Path) -> str:
@@ -80,25 +81,32 @@ def _read_bounded(source: Path) -> str:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
         fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise StudyFileError(f"{source}: no such study file") from None
+        raise StudyFileError(f"{shown_path(str(source))}: no such study file") from None
     except OSError as exc:
-        raise StudyFileError(f"{source}: cannot read the study file ({exc.strerror})") from None
+        raise StudyFileError(
+            f"{shown_path(str(source))}: cannot read the study file ({exc.strerror})"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise StudyFileError(f"{source}: not a study file (not a regular file)")
+        raise StudyFileError(f"{shown_path(str(source))}: not a study file (not a regular file)")
     with os.fdopen(fd, "rb") as handle:
         try:
             raw = handle.read(MAX_STUDY_FILE_BYTES + 1)
         except OSError as exc:
-            raise StudyFileError(f"{source}: cannot read the study file ({exc})") from None
+            raise StudyFileError(
+                f"{shown_path(str(source))}: cannot read the study file ({exc})"
+            ) from None
     if len(raw) > MAX_STUDY_FILE_BYTES:
         raise StudyFileError(
-            f"{source}: not a study file (larger than {MAX_STUDY_FILE_BYTES // 2**10} KiB)"
+            f"{shown_path(str(source))}: not a study file "
+            f"(larger than {MAX_STUDY_FILE_BYTES // 2**10} KiB)"
         )
     try:
         return raw.decode()
     except UnicodeDecodeError as exc:
-        raise StudyFileError(f"{source}: not a valid TOML study file ({exc})") from None
+        raise StudyFileError(
+            f"{shown_path(str(source))}: not a valid TOML study file ({exc})"
+        ) from None
 
 
 def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,7 +158,11 @@ def build_search_spec(values: Mapping[str, Any], *, default_device: str) -> Sear
         UsageError: a missing limit, a bad size, an invalid space or value.
     """
     values, _ = new_spelling(values)
-    workload = values.get("workload") or DEFAULT_WORKLOAD
+    workload = values.get("workload", DEFAULT_WORKLOAD)
+    if workload is None:
+        workload = DEFAULT_WORKLOAD
+    if not isinstance(workload, str) or not workload.strip():  # "" was the default (P9-7)
+        raise UsageError(f"workload must be a non-empty reference, got {shown_value(workload)}")
     device = values.get("device")
     if device is None:  # not `or`: an empty device is refused by SearchSpec, not defaulted
         device = default_device

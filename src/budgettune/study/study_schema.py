@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import JsonDict
 
-from budgettune.errors import SpecError, StudyFileError, UsageError
+from budgettune.errors import SpecError, StudyFileError, UsageError, shown_value
 from budgettune.schema import OneOf, first_problem
 from budgettune.study.batch import powers_of_two
 from budgettune.study.expressible import TARGETS
@@ -358,6 +358,7 @@ def check_study_values(source: str, data: Mapping[str, Any]) -> dict[str, Any]:
         if problem is not None:
             name = written.get(prefix + problem.key, prefix + problem.key)
             raise StudyFileError(
-                f"{source}: {name} must be {problem.allowed}, got {table_values[problem.key]!r}"
+                f"{source}: {name} must be {problem.allowed}, "
+                f"got {shown_value(table_values[problem.key])}"
             )
     return values

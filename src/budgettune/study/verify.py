@@ -21,7 +21,7 @@ from budgettune.errors import (
 )
 from budgettune.pinning import PinnedConfig, load_pinned
 from budgettune.trial.devices import check_device_available
-from budgettune.trial.launcher import launch_trial, trial_servers
+from budgettune.trial.launcher import check_ops_exist, launch_trial, trial_servers
 from budgettune.trial.results import TrialOutcome, TrialResult
 from budgettune.trial.trial_run import TrialRun
 from budgettune.units import format_bytes
@@ -161,6 +161,11 @@ def verify_pin(
         nproc_per_node=pin.world_size,
     )
     check_device_available(run.device)
+    spec = pinned.spec  # an op this torch lacks is bad input, refused before a run (P9-5)
+    check_ops_exist(
+        spec.recompute_ops_removed + spec.recompute_ops_added,
+        compiled_offload=spec.compiled_offload,
+    )
     if on_start is not None:
         on_start(f"verify: importing the workload {reference_origin(reference)}, as {path} says")
     results = []

@@ -36,6 +36,7 @@ from budgettune.errors import (
     WorkerFailedError,
 )
 from budgettune.storage.coordination import database_errors
+from budgettune.storage.unreadable import stored_object
 from budgettune.storage.user_attrs import HEARTBEAT_ATTR, SPEC_ATTR
 from budgettune.study.searcher import Searcher
 from budgettune.study.spec import SearchSpec, check_study_name
@@ -153,7 +154,7 @@ def run_worker(job: WorkerJob, observer: SearchObserver | None = None) -> Worker
         )
     # The running trial beats, and stale trials are judged, at the study's interval.
     store.optuna_storage.heartbeat_interval = heartbeat_s
-    stored = attrs.get(SPEC_ATTR)
+    stored = stored_object(attrs, SPEC_ATTR) or None  # a hand-edited `[5]`: none (P9-1)
     if stored is None:
         raise UsageError(
             f"study {job.study_name!r} holds no search spec for workers (made by an older "

@@ -343,13 +343,15 @@ def _start(
 def open_log(path: Path) -> BinaryIO:
     """The trial log, opened to append, never through a symbolic link (``O_NOFOLLOW``: a
     ``trial.log`` planted as a link to another file is an `OSError`, the folder's fault), and
-    only as a regular file (``O_NONBLOCK``: one planted as a FIFO does not block the open,
-    issue 48's P6-6)."""
+    only as a regular file of one name (``O_NONBLOCK``: one planted as a FIFO does not block
+    the open, issue 48's P6-6; a hard link planted there would append to its other name, P9-3)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
+        why = "not a regular file" if info.st_nlink <= 1 else "a hard link to another file"
+        raise OSError(errno.EINVAL, why, str(path))
     os.set_blocking(fd, True)
     return os.fdopen(fd, "ab")
 

@@ -1,0 +1,183 @@
+"""Issue 48, the ninth hostile probe's findings (benchmarks/results/cpu-hostile-probe-2026-11-28/
+findings-9.md): each case fails before its fix and passes after."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+from storage_samples import pin_document
+from typer.testing import CliRunner
+
+from budgettune import storage as storage_mod
+from budgettune.cli import app
+from budgettune.errors import BudgettuneError, TrialInfrastructureError, UsageError, shown_value
+from budgettune.integrations.trainer_workload import _MARKER, check_workload_folder
+from budgettune.trial.launcher import launch_trial
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def study_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A study with one finished trial, its search attrs as budgettune writes them."""
+    path = tmp_path_factory.mktemp("db") / "s.db"
+    store = storage_mod.open_storage(f"sqlite:///{path}")
+    study = optuna.create_study(study_name="s", storage=store.optuna_storage)
+    study.set_user_attr("search_spec", {"workload": "builtin:tiny-gpt"})
+    study.set_user_attr("search", {"max_mem_bytes": 10**9, "mem_metric": "device"})
+    trial = study.ask({"activation_memory_budget": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("spec", {"activation_memory_budget": 0.5})
+    trial.set_user_attr("step_time_ms", 12.5)
+    trial.set_user_attr("outcome", "ok")
+    study.tell(trial, 12.5)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("search_spec", "[5]"), ("search_spec", '"x"'), ("search_spec", "true"), ("search", "null")],
+)
+@pytest.mark.parametrize("command", [["show"], ["show", "--json"], ["show", "--plot", "p.html"]])
+def test_p9_1_p9_2_a_study_attr_that_is_no_object_is_read_as_missing(
+    study_db: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    value: str,
+    command: list[str],
+) -> None:
+    damaged = tmp_path / "d.db"
+    with sqlite3.connect(study_db) as source, sqlite3.connect(damaged) as connection:
+        source.backup(connection)
+        connection.execute(
+            "update study_user_attributes set value_json=? where key=?", (value, key)
+        )
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*command, "--storage-url", f"sqlite:///{damaged}"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    if key == "search_spec":  # a worker finds no spec in it: one line, exit 2
+        worker = runner.invoke(
+            app,
+            ["worker", "--storage-url", f"sqlite:///{damaged}", "--study-name", "s"]
+            + ["--device", "cpu", "--max-trials", "1"],
+        )
+        assert worker.exit_code == 2, worker.output
+        assert "holds no search spec" in worker.output
+
+
+def test_p9_3_a_hard_link_planted_as_the_trial_log_is_not_written_through(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("victim\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    os.link(victim, folder / "trial.log")
+    run = TrialRun(spec=TrialSpec(), workload="builtin:tiny-gpt", device="cpu", cache_root=None)
+    with pytest.raises(TrialInfrastructureError, match="hard link"):
+        launch_trial(run, run_dir=folder, timeout_s=10)
+    assert victim.read_text() == "victim\n"
+
+
+def test_p9_4_write_workload_refuses_a_hard_link_in_its_own_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "ours"
+    folder.mkdir()
+    (folder / "build.py").write_text(f'"""{_MARKER}"""\n')
+    check_workload_folder(folder)  # its own folder: it may write there
+    victim = tmp_path / "victim.txt"
+    victim.write_text("victim\n")
+    os.link(victim, folder / "config.json")
+    with pytest.raises(UsageError, match="hard link"):
+        check_workload_folder(folder)
+
+
+def test_p9_5_verify_refuses_an_unknown_op_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = TrialSpec(recompute_ops_added=("aten.not_an_op",))
+    pin = tmp_path / "pin.json"
+    pin.write_text(json.dumps(pin_document(spec)), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(
+        app, ["verify", "--pin", str(pin), "--device", "cpu", "--allow-other-workload"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "not_an_op" in result.output
+    assert not list(tmp_path.glob("budgettune-runs/**/RESULT.json"))  # nothing ran
+
+
+def test_p9_6_a_deeply_nested_value_is_one_bounded_line() -> None:
+    import budgettune
+
+    deep: list[object] = []
+    cur = deep
+    for _ in range(3000):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    assert len(shown_value(deep)) <= 80
+    for keyword in ("top_k", "gpus", "options", "sampler", "margin"):
+        with pytest.raises(BudgettuneError) as caught:
+            budgettune.search("builtin:tiny-gpt", "1GB", **{keyword: deep})  # type: ignore[arg-type]
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
+
+
+def test_p9_7_an_empty_workload_or_run_folder_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(
+        app, ["search", "--workload", "", "--num-trials", "1", "--max-mem", "1GB"]
+    )
+    assert result.exit_code == 2 and "non-empty" in result.output, result.output
+    result = runner.invoke(app, ["trial", "--device", "cpu", "--run-dir", ""])
+    assert result.exit_code == 2 and "--run-dir" in result.output, result.output
+    assert not (tmp_path / "SPEC.json").exists()
+    assert not (tmp_path / "budgettune.db").exists()
+
+
+def test_p9_8_a_newline_in_a_path_stays_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(
+        app,
+        ["search", "--num-trials", "0", "--max-mem", "1GB"]
+        + ["--storage-url", f"sqlite:///{tmp_path}/a\nb.db"],
+    )
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "a\\nb.db" in result.output
+    result = runner.invoke(app, ["search", str(tmp_path / "s\nt.toml"), "--num-trials", "1"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+def test_p9_9_a_file_that_is_no_database_is_refused_with_nothing_beside_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    user = tmp_path / "user.toml"
+    user.write_text("x = 1\n")
+    result = runner.invoke(
+        app,
+        ["search", "--num-trials", "1", "--max-mem", "1GB", "--storage-url", f"sqlite:///{user}"],
+    )
+    assert result.exit_code == 2 and "not a database" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user.toml"]
+    assert user.read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("gpus", ["１２", "١٢", "1_000", "+3", " -1"])
+def test_p9_10_gpu_indices_are_ascii_digits(gpus: str) -> None:
+    result = runner.invoke(
+        app, ["search", "--gpus", gpus, "--num-trials", "1", "--max-mem", "1GB"]
+    )
+    assert result.exit_code == 2, result.output
