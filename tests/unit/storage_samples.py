@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from budgettune.trial.results import Measurement, TrialOutcome, TrialResult
@@ -88,3 +90,23 @@ def run_result(peak: int, ms: float, *, cold: bool = False) -> TrialResult:
             grad_norm=1.0,
         ),
     )
+
+
+def small_study(path: Path, study_attrs: Mapping[str, Any]) -> Path:
+    """A SQLite study ``s`` at ``path`` with one finished trial, made as budgettune makes its
+    storage (no trial run): the hostile tests edit its rows by hand."""
+    import optuna
+
+    from budgettune import storage as storage_mod
+
+    store = storage_mod.open_storage(f"sqlite:///{path}")
+    study = optuna.create_study(study_name="s", storage=store.optuna_storage)
+    for key, value in study_attrs.items():
+        study.set_user_attr(key, value)
+    trial = study.ask({"activation_memory_budget": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("spec", {"activation_memory_budget": 0.5})
+    trial.set_user_attr("step_time_ms", 12.5)
+    trial.set_user_attr("outcome", "ok")
+    study._storage.set_trial_system_attr(trial._trial_id, "constraints", [-1.0])
+    study.tell(trial, 12.5)
+    return path

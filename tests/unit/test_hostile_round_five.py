@@ -8,12 +8,10 @@ import os
 import sqlite3
 from pathlib import Path
 
-import optuna
 import pytest
-from storage_samples import pin_document
+from storage_samples import pin_document, small_study
 from typer.testing import CliRunner
 
-from budgettune import storage as storage_mod
 from budgettune.cli import app
 from budgettune.errors import BudgettuneError, TrialInfrastructureError, UsageError, shown_value
 from budgettune.integrations.trainer_workload import _MARKER, check_workload_folder
@@ -27,17 +25,11 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def study_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A study with one finished trial, its search attrs as budgettune writes them."""
-    path = tmp_path_factory.mktemp("db") / "s.db"
-    store = storage_mod.open_storage(f"sqlite:///{path}")
-    study = optuna.create_study(study_name="s", storage=store.optuna_storage)
-    study.set_user_attr("search_spec", {"workload": "builtin:tiny-gpt"})
-    study.set_user_attr("search", {"max_mem_bytes": 10**9, "mem_metric": "device"})
-    trial = study.ask({"activation_memory_budget": optuna.distributions.FloatDistribution(0, 1)})
-    trial.set_user_attr("spec", {"activation_memory_budget": 0.5})
-    trial.set_user_attr("step_time_ms", 12.5)
-    trial.set_user_attr("outcome", "ok")
-    study.tell(trial, 12.5)
-    return path
+    attrs = {
+        "search_spec": {"workload": "builtin:tiny-gpt"},
+        "search": {"max_mem_bytes": 10**9, "mem_metric": "device"},
+    }
+    return small_study(tmp_path_factory.mktemp("db") / "s.db", attrs)
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import optuna
 import pytest
+from storage_samples import small_study
 from typer.testing import CliRunner
 
-from budgettune import storage as storage_mod
 from budgettune.cli import app
 from budgettune.storage.unreadable import unreadable_data
 
@@ -37,16 +36,7 @@ BREAKS = {
 def study_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A study with one finished trial, made as budgettune makes its storage (no trial run)."""
     path = tmp_path_factory.mktemp("db") / "s.db"
-    store = storage_mod.open_storage(f"sqlite:///{path}")
-    study = optuna.create_study(study_name="s", storage=store.optuna_storage)
-    study.set_user_attr("search_spec", {"workload": "builtin:tiny-gpt"})
-    trial = study.ask({"activation_memory_budget": optuna.distributions.FloatDistribution(0, 1)})
-    trial.set_user_attr("spec", {"activation_memory_budget": 0.5})
-    trial.set_user_attr("step_time_ms", 12.5)
-    trial.set_user_attr("outcome", "ok")
-    study._storage.set_trial_system_attr(trial._trial_id, "constraints", [-1.0])
-    study.tell(trial, 12.5)
-    return path
+    return small_study(path, {"search_spec": {"workload": "builtin:tiny-gpt"}})
 
 
 @pytest.mark.parametrize("name", sorted(BREAKS))
