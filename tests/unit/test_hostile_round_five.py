@@ -167,7 +167,7 @@ def test_p9_9_a_file_that_is_no_database_is_refused_with_nothing_beside_it(
     assert user.read_text() == "x = 1\n"
 
 
-@pytest.mark.parametrize("gpus", ["１２", "١٢", "1_000", "+3", " -1"])
+@pytest.mark.parametrize("gpus", ["１２", "١٢", "1_000", "+3", "-1", "--1"])
 def test_p9_10_gpu_indices_are_ascii_digits(gpus: str) -> None:
     result = runner.invoke(
         app, ["search", "--gpus", gpus, "--num-trials", "1", "--max-mem", "1GB"]

@@ -38,7 +38,8 @@ def _csv(value: str | None, convert: Callable[[str], Any] = str, *, flag: str) -
 def _index(text: str) -> int:
     """A GPU index as the docs write it: ASCII digits only (``１２``, ``1_000`` and ``+3`` were
     read as 12, 1000 and 3: issue 48's P9-10)."""
-    if not (text.isascii() and text.isdigit()):
+    digits = text.removeprefix("-")  # a negative one is refused later, as an index
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError(text)
     return int(text)
 
