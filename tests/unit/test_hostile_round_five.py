@@ -173,3 +173,35 @@ def test_p9_10_gpu_indices_are_ascii_digits(gpus: str) -> None:
         app, ["search", "--gpus", gpus, "--num-trials", "1", "--max-mem", "1GB"]
     )
     assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize("value", ['{"a": 1}', '"x"'])
+def test_p10_2_a_damaged_stored_spec_is_unreadable_data_not_bad_input(
+    study_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """The tenth probe: a trial's stored ``spec`` edited by hand exited 2 with "unknown
+    TrialSpec key(s)", as if the user had typed it; it is a damaged row (exit 1, one line)."""
+    damaged = tmp_path / "d.db"
+    with sqlite3.connect(study_db) as source, sqlite3.connect(damaged) as connection:
+        source.backup(connection)
+        connection.execute(
+            "update trial_user_attributes set value_json=? where key='spec'", (value,)
+        )
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["show", "--storage-url", f"sqlite:///{damaged}"])
+    assert result.exit_code == 1, result.output
+    assert "stored data cannot be read" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="no /proc")
+def test_p9_11_an_output_whose_folder_takes_no_new_file_is_refused_before_the_work(
+    tmp_path: Path,
+) -> None:
+    pin = tmp_path / "pin.json"
+    pin.write_text(json.dumps(pin_document(TrialSpec())), encoding="utf-8")
+    result = runner.invoke(
+        app, ["export", "--pin", str(pin), "--output", "/proc/self/fd/1", "--force"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "cannot write into /proc/self/fd" in result.output

@@ -25,7 +25,13 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from budgettune.errors import READ_ERRORS, BudgettuneError, UsageError, terminal_safe
+from budgettune.errors import (
+    READ_ERRORS,
+    BudgettuneError,
+    SpecError,
+    UsageError,
+    terminal_safe,
+)
 from budgettune.study.spec import DEFAULT_RUNS_DIR
 from budgettune.trial.processes import Terminated, sigterm_raises
 
@@ -128,6 +134,10 @@ def handles_errors(command: F) -> F:
         except BudgettuneError as exc:
             if _state["debug"]:
                 raise
+            if isinstance(exc, SpecError):  # a spec read from a damaged row, not the user's
+                from budgettune.storage.unreadable import unreadable_data
+
+                exc = unreadable_data(exc) or exc
             print_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except READ_ERRORS as exc:  # one line when stored data could not be read (P6-2)

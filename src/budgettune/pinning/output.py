@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,14 @@ def check_pin_output(
         folder = folder.parent  # write_pin makes the missing folders
     if not folder.is_dir():
         raise UsageError(f"{what} {target}: {folder} is not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"{what} {target}: cannot write into {folder}")
+    try:  # a file made and removed there: the pin is written beside and renamed, and a
+        # folder may refuse that whatever its mode says (/proc/self/fd as root: issue 48's
+        # P9-11, found only when the pin was written)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".budgettune-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError:
+        raise UsageError(f"{what} {target}: cannot write into {folder}") from None
 
 
 def write_pin(path: str | Path, pin: PinDocument | Mapping[str, Any]) -> Path:

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from budgettune.errors import READ_ERRORS, StorageError
+from budgettune.errors import READ_ERRORS, SpecError, StorageError
 
 _READERS = (
     os.sep.join(("", "optuna", "storages", "")),
@@ -27,7 +27,7 @@ def unreadable_data(exc: BaseException) -> StorageError | None:
     """A one-line `StorageError` for ``exc`` when it was raised while stored data was read
     (a frame of its traceback is in a storage reader, `_READERS`); None otherwise (a fault of
     budgettune's own elsewhere keeps its traceback)."""
-    if not isinstance(exc, READ_ERRORS):
+    if not isinstance(exc, (*READ_ERRORS, SpecError)):  # a stored spec edited by hand (P10-2)
         return None
     frames = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
     if not any(reader in name for name in frames for reader in _READERS):
