@@ -129,8 +129,9 @@ def check_phases(phases: Mapping[str, object]) -> dict[str, float]:
 
 SEARCH_STARTED_ENV = "BUDGETTUNE_SEARCH_STARTED_AT"
 """The search command's start (a `time.monotonic` reading), given to its workers so that each
-says in its log how far into the search it got ready (`startup_line`; issue 44: 9.5-15 s went
-from a 4-GPU search's command to its first trial, not yet explained)."""
+says in its log how far into the search it got ready (`startup_line`; issue 44: of the 9.5-15 s
+from a search's command to its first trial on an H200 host, the search's own process took
+4.0-8.6 s to spawn its workers and each worker 4.1-5.3 s to get ready)."""
 
 
 def process_started_at() -> float:
