@@ -120,6 +120,11 @@ def test_p9_6_a_deeply_nested_value_is_one_bounded_line() -> None:
         with pytest.raises(BudgettuneError) as caught:
             budgettune.search("builtin:tiny-gpt", "1GB", **{keyword: deep})  # type: ignore[arg-type]
         assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
+    from budgettune.integrations.transformers import write_workload
+
+    for trainer, folder in ((deep, "x"), (object(), deep)):  # the same in write_workload
+        with pytest.raises(UsageError, match=r"\[\[\[\[\.\.\.\]\]\]\]"):
+            write_workload(trainer, folder)  # type: ignore[arg-type]
 
 
 def test_p9_7_an_empty_workload_or_run_folder_is_refused(

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import UsageError, WorkloadError, one_line
+from budgettune.errors import UsageError, WorkloadError, one_line, shown_value
 from budgettune.workload import Workload
 from budgettune.workloads.hf import zero_dropout
 
@@ -134,9 +134,11 @@ def write_workload(trainer: Any, folder: str | Path) -> str:
     import transformers
 
     if not isinstance(folder, (str, os.PathLike)) or not os.fspath(folder).strip():
-        raise UsageError(f"write_workload: folder takes a path; got {folder!r:.80}")  # P6-8
+        raise UsageError(f"write_workload: folder takes a path; got {shown_value(folder)}")  # P6-8
     if not (hasattr(trainer, "model") and hasattr(trainer, "get_train_dataloader")):  # P7-6
-        raise UsageError(f"write_workload: takes a transformers Trainer; got {trainer!r:.80}")
+        raise UsageError(
+            f"write_workload: takes a transformers Trainer; got {shown_value(trainer)}"
+        )
     model = trainer.model
     cls = type(model)
     if not isinstance(model, transformers.PreTrainedModel) or (
