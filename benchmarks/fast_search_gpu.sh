@@ -33,6 +33,9 @@
 #                  gpt2m-mixed16-b: again
 #   warm           one `budgettune trial` of a tiny GPT-2 (the host's bytecode written before
 #                  the first timed search)
+#   determinism    the cache-programs configuration compiled afresh, caches of its own each:
+#                  four processes at once (hash seed random, then 0), then one alone twice;
+#                  benchmarks.partition_probe records each one's partition and code
 #   startup        NVML's set-up and the CLI's imports, timed in fresh processes
 #   cache-programs `budgettune trial` of GPT-2 medium at budget 0.0763, op AC every block, fused
 #                  (the 4-GPU mixed5 search's trial 14, 10.09 GB / 51.2 ms cold and 9.18 GB /
@@ -226,6 +229,43 @@ cache_programs() {  # does a configuration compile to another program from other
         echo "== cache $name: exit $?, $(date -u +%FT%TZ)"
     done
 }
+determinism() {  # one configuration compiled afresh in several processes: one program?
+    local out=$state/out/determinism root=/tmp/bt-determinism site=/tmp/bt-determinism-site
+    local opts=(--workload hf:gpt2 -o n_layer=24 -o n_embd=1024 -o n_head=16 -o batch_size=8
+                -o seq_len=1024 --device cuda --block-ac-every 1 --block-ac-policy op
+                --optimizer-impl fused --activation-memory-budget 0.0763 --json)
+    rm -rf "$root" "$site" && mkdir -p "$out" "$site"
+    printf 'import benchmarks.partition_probe as p\np.install()\n' > "$site/sitecustomize.py"
+    local round name seed count i repo=$PWD hs
+    # four at once (as a search's trials on one GPU: 4 compile workers each), with Python's
+    # hash seed random, then fixed, then one process alone, twice
+    for round in together:random:4 seed0:0:4 alone1:random:1 alone2:random:1; do
+        IFS=: read -r name seed count <<< "$round"
+        hs=()
+        [ "$seed" = random ] || hs=("PYTHONHASHSEED=$seed")
+        for i in $(seq 1 "$count"); do
+            mkdir -p "$root/$name-$i"
+            (cd "$root/$name-$i" && env "${hs[@]}" \
+                PYTHONPATH="$site:$repo:$PYTHONPATH" PARTITION_PROBE_OUT="$out/probe/$name-$i" \
+                TORCHINDUCTOR_COMPILE_THREADS=$((per_gpu / count)) \
+                python3 -m budgettune.cli trial "${opts[@]}" --run-dir runs) \
+                > "$out/$name-$i.json" 2> "$out/$name-$i.err" &
+        done
+        wait
+        echo "== determinism $name: $(date -u +%FT%TZ)"
+    done
+    python3 -m benchmarks.partition_probe summarize "$out/probe" > "$out/summary.txt" 2>&1
+    python3 - "$out" >> "$out/summary.txt" <<'PY'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        m = json.loads(path.read_text())["measurement"]
+        print(path.stem, m["peak_allocated_bytes"], round(m["step_time_ms"], 2), round(m["compile_s"], 1))
+    except Exception as exc:
+        print(path.stem, "no result:", exc)
+PY
+    cat "$out/summary.txt"
+}
 startup() {  # what a search pays before its first trial: NVML's set-up, the CLI's imports
     python3 - > "$state/out/startup.txt" 2>&1 <<'PY'
 import subprocess, sys, time
@@ -265,6 +305,7 @@ run_step() {
         vs-gpt2m-mixed5) versus gpt2m-mixed5 "$(newest gpt2m-mixed5)" "$grid30_s0" ;;
         startup) startup ;;
         cache-programs) cache_programs ;;
+        determinism) determinism ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
         job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-[bc]|job-gpt2m-mixed5|job-gpt2m-mixed16) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)
