@@ -153,8 +153,8 @@ def test_the_search_goes_on_when_its_trials_are_done_not_when_its_workers_have_e
     monkeypatch, tmp_path
 ) -> None:
     """Issue 44: workers closing their trial servers took 4-6 s before the re-verification
-    could start; the search goes on once every trial has finished, and the servers for its
-    fresh runs are started when the first trial is in."""
+    could start; the search goes on once every trial has finished, and its caller hears of
+    each poll (the fresh runs' servers, the early runs: test_early_round.py)."""
     from budgettune.study.study import SearchObserver
     from budgettune.study.target import TrialCount
 
@@ -214,10 +214,10 @@ def test_the_search_goes_on_when_its_trials_are_done_not_when_its_workers_have_e
         search=search,
         storage_url="sqlite:///x.db",
         observer=SearchObserver(),
-        on_first_finished=lambda: warmed.append(1),
+        on_poll=lambda count: warmed.append(count.finished),
     )
     assert finished == 2
-    assert warmed == [1]  # once, when the first trial was in
+    assert warmed == [0, 1, 1, 2]  # after each poll, in the search's thread
     assert next(counts, None) is None  # it stopped polling at the last trial's end
     deadline = time.monotonic() + 5
     while sorted(reaped) != [0, 1] and time.monotonic() < deadline:

@@ -45,6 +45,8 @@ from budgettune.study.pin_errors import (  # noqa: F401 - re-exported
 from budgettune.study.pin_steps import Notices, PinRecorder, PinSteps, StudyTrials  # noqa: F401
 from budgettune.study.reverify import (  # noqa: F401 - re-exported
     MAX_CANDIDATES,
+    candidate_job,
+    first_round_runs,
     noise_of,
     reverify_until_one_fits,
 )
@@ -137,25 +139,28 @@ def pin_scope(search: SearchSpec) -> PinScope:
     )
 
 
-def pin_study(searcher: PinSteps) -> PinDocument:
-    """Re-verify, choose, build and record the pin of the searcher's study.
+Found = tuple[optuna.trial.FrozenTrial, TrialRecord] | None
+"""A reference's trial and its record (None: the study has no such reference to re-measure)."""
 
-    Raises:
-        NothingMeasuredError: no trial could be measured at all (exit 4).
-        NoFeasibleConfigError: nothing measured fits, or nothing re-verified does (exit 3).
-    """
-    search = searcher.search
-    trials = searcher.study.get_trials(deepcopy=False)
-    candidates = [  # with a target, the pin is one it can express (`expressible.keeps`)
+
+def pin_candidates(
+    trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec
+) -> list[Candidate]:
+    """The fitting trials, fastest first; with a target, those it can express
+    (`expressible.keeps`)."""
+    return [
         c
         for c in feasible_candidates(trials, search.mem_metric, search.ranking_rows)
         if keeps(c.spec, search.target)
     ]
-    if not candidates:
-        unmeasured = nothing_measured_error(searcher)
-        raise unmeasured if unmeasured is not None else no_feasible_error(searcher)
-    references = fitting_references(trials, candidates)
-    unconstrained = baseline_trial(trials, UNCONSTRAINED)
+
+
+def report_references(
+    trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec
+) -> tuple[str, list[tuple[Found, str, bool]]]:
+    """The unconstrained baseline's status, and the references the pin reports its slowdown
+    against as `remeasure` takes them: the unconstrained baseline (where it ran), full block AC
+    (where the baseline does not fit) and op SAC, each (trial or None, name, check numerics)."""
     status = baseline_status(
         trials,
         limit_bytes=search.max_mem_bytes,
@@ -165,22 +170,76 @@ def pin_study(searcher: PinSteps) -> PinDocument:
     full_ac = baseline_trial(trials, FULL_AC) if status != "ok" else None
     if full_ac is not None and full_ac[1].outcome is not TrialOutcome.OK:
         full_ac = None
+    unconstrained = baseline_trial(trials, UNCONSTRAINED)
     measured = unconstrained if status in ("ok", "over_limit") else None
     op_sac = baseline_trial(trials, OP_SAC)
     if op_sac is not None and op_sac[1].outcome is not TrialOutcome.OK:
         op_sac = None
     # the unconstrained baseline is the numerics reference itself: nothing to compare it with
-    report = [
+    return status, [
         (measured, "unconstrained", False),
         (full_ac, "full-AC", True),
         (op_sac, "op-SAC", True),
     ]
-    # those no candidate shares (over the limit) can go out with the first round, where the
-    # slots hold them: they are re-measured for the report anyway
+
+
+def report_alongside(
+    trials: Sequence[optuna.trial.FrozenTrial],
+    report: Sequence[tuple[Found, str, bool]],
+    candidates: Sequence[Candidate],
+) -> list[FreshJob]:
+    """The report's references that no candidate shares (over the limit): their runs can go
+    out with the first round, where the slots hold them (they are re-measured anyway)."""
     numbers = {c.trial_number for c in candidates}
-    alongside = [j for j in _reference_jobs(trials, report, {})[1] if j.number not in numbers]
+    return [j for j in _reference_jobs(trials, report, {})[1] if j.number not in numbers]
+
+
+def first_round(
+    trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec, slots: int
+) -> list[tuple[FreshJob, int, bool]]:
+    """What the re-verification's first round would run with the trials measured so far, as
+    `reverify_until_one_fits` runs it on ``slots`` fresh-run slots: the ``--top-k`` fastest
+    fitting trials and the fitting references, as many runs each as the round holds (a cold
+    first run for each where they all fit the slots at once, else for the fastest), then
+    ``--reverify-runs`` of the report's references no candidate shares; each (job, runs, a
+    candidate or not). `budgettune.study.early_round` runs them on the slots the last trials
+    leave idle."""
+    candidates = pin_candidates(trials, search)
+    if not candidates:
+        return []
+    batch = candidates[: max(1, search.top_k)]
+    batch += [c for c in fitting_references(trials, candidates).values() if c not in batch]
+    at_once = first_round_runs(search.reverify_runs, slots, len(batch))
+    _, report = report_references(trials, search)
+    return [
+        (candidate_job(c, cold=i == 0 or len(batch) <= slots), at_once, True)
+        for i, c in enumerate(batch)
+    ] + [
+        (job, search.reverify_runs, False) for job in report_alongside(trials, report, candidates)
+    ]
+
+
+def pin_study(searcher: PinSteps) -> PinDocument:
+    """Re-verify, choose, build and record the pin of the searcher's study.
+
+    Raises:
+        NothingMeasuredError: no trial could be measured at all (exit 4).
+        NoFeasibleConfigError: nothing measured fits, or nothing re-verified does (exit 3).
+    """
+    search = searcher.search
+    trials = searcher.study.get_trials(deepcopy=False)
+    candidates = pin_candidates(trials, search)
+    if not candidates:
+        unmeasured = nothing_measured_error(searcher)
+        raise unmeasured if unmeasured is not None else no_feasible_error(searcher)
+    references = fitting_references(trials, candidates)
+    status, report = report_references(trials, search)
+    measured, full_ac, op_sac = (ref for ref, _, _ in report)
     found = reverify_until_one_fits(
-        searcher, candidates, list(references.values()), alongside=alongside
+        searcher,
+        candidates,
+        list(references.values()),
+        alongside=report_alongside(trials, report, candidates),
     )
     if found is None:
         raise no_feasible_error(searcher, after_reverify=True)

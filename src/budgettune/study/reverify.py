@@ -85,7 +85,8 @@ def contenders(
     return [candidate for ms, candidate, _ in ranked if ms <= leader_ms * (1.0 + 2.0 * noise)]
 
 
-def _job(candidate: Candidate, *, cold: bool = False) -> FreshJob:
+def candidate_job(candidate: Candidate, *, cold: bool = False) -> FreshJob:
+    """The fresh runs of a candidate, stored against its trial (``reverify-<trial>-<n>``)."""
     return FreshJob(
         spec=candidate.spec,
         number=candidate.trial_number,
@@ -93,6 +94,12 @@ def _job(candidate: Candidate, *, cold: bool = False) -> FreshJob:
         phase=f"re-verifying trial {candidate.trial_number}",
         cold=cold,
     )
+
+
+def first_round_runs(wanted: int, slots: int, pool: int) -> int:
+    """Runs of each of ``pool`` candidates that a round of ``slots`` fresh-run slots holds (at
+    least one, at most ``wanted``)."""
+    return max(1, min(wanted, slots // max(1, pool)))
 
 
 def _ranked(
@@ -138,11 +145,11 @@ def _rounds(
     runs = 0
     waiting = list(alongside)
     while runs < wanted:
-        at_once = max(1, min(wanted - runs, slots // len(pool)))
+        at_once = first_round_runs(wanted - runs, slots, len(pool))
         # the fastest trial's first fresh run is a cold start (most often it is the winner);
         # every candidate's, when they all go out at once
         cold = [first and runs == 0 and (i == 0 or len(pool) <= slots) for i in range(len(pool))]
-        jobs = [_job(c, cold=cold_start) for c, cold_start in zip(pool, cold, strict=True)]
+        jobs = [candidate_job(c, cold=k) for c, k in zip(pool, cold, strict=True)]
         runs += at_once
         # the new runs this round: at_once of each candidate, all of a reference's
         room = len(pool) * at_once + len(waiting) * runs <= slots
@@ -186,7 +193,7 @@ def _with_cold_run(
         _, leader, runs = lightest_of_the_fastest(ranked, noise, searcher.search.mem_metric)
         if any(r.cold_caches for r in runs) or not searcher.search.compile_cache:
             return leader, runs
-        [more] = searcher.fresh_batch([_job(leader, cold=True)], runs=len(runs) + 1)
+        [more] = searcher.fresh_batch([candidate_job(leader, cold=True)], runs=len(runs) + 1)
         reverified[leader.trial_number] = more
 
 

@@ -8,6 +8,7 @@ from budgettune import storage as storage_mod
 from budgettune.errors import UsageError, shown_path
 from budgettune.storage.coordination import creation_lock, database_errors
 from budgettune.storage.engine import storage_files
+from budgettune.study.early_round import EarlyRound
 from budgettune.study.fresh import prestart_servers
 from budgettune.study.searcher import Searcher
 from budgettune.study.spec import SearchSpec
@@ -80,12 +81,8 @@ def run_search(
             trials_run = 0
         elif gpus:
             searcher.observer.started(search.study_name, search.num_trials)
-            trials_run = run_gpu_workers(
+            early = EarlyRound(
                 searcher,
-                gpus,
-                search=search,
-                storage_url=store.url,
-                observer=searcher.observer,
                 on_first_finished=lambda: prestart_servers(
                     searcher.servers,
                     search.trial_run,
@@ -95,6 +92,15 @@ def run_search(
                     search.trials_per_gpu,
                 ),
             )
+            trials_run = run_gpu_workers(
+                searcher,
+                gpus,
+                search=search,
+                storage_url=store.url,
+                observer=searcher.observer,
+                on_poll=early.poll,
+            )
+            early.finish()  # the first round's runs started early, stored for it to count
         else:
             searcher.observer.started(search.study_name, search.num_trials)
             searcher.run_trials()

@@ -97,9 +97,7 @@ class Searcher:
         """Open the study.
 
         Args:
-            search: the whole search.
-            store: the open storage.
-            observer: receives progress.
+            search, store, observer: the whole search, the open storage, who hears progress.
             devices: the device slots re-measurements spread over (``cuda:N``, or
                 ``cuda:N,M`` for a sharded trial's group, per worker of ``--gpus``); empty:
                 one at a time on ``search.device``.
@@ -119,9 +117,9 @@ class Searcher:
         self.devices = tuple(devices)
         self.cpu_shares = cpu_shares(self.devices)  # for the fresh runs on each (several GPUs)
         self.fresh_slots = max(1, len(self.devices))  # fresh runs at once: 1 on one device
+        # pre-imported servers this process's trials and fresh runs fork from (the first
+        # trial of an environment starts one, and forks from it once it is ready)
         self.servers = trial_servers(search.trial_run(search.base), self.runs_dir / "servers")
-        """Pre-imported trial servers the trials and fresh runs of this process fork from
-        (the first trial of an environment starts one, and forks from it once it is ready)."""
         self.live_key: str | None = None  # its entry among the study's live searches
         self.claim = ClaimLock(store.url, search.study_name)
         self.claim.acquire()
@@ -137,7 +135,6 @@ class Searcher:
         finally:
             self.claim.release()
 
-    # -- study ---------------------------------------------------------------------------
     @property
     def heartbeat_s(self) -> int:
         """The trial heartbeat of this process's storage."""
@@ -153,7 +150,6 @@ class Searcher:
         """The unconstrained baseline's record, once it has a first-step loss."""
         return unconstrained_baseline(self.study.get_trials(deepcopy=False), measured="loss")
 
-    # -- one trial -----------------------------------------------------------------------
     def spec_for(self, trial: optuna.Trial) -> TrialSpec:
         enqueued, search = trial.user_attrs.get(ENQUEUED_SPEC_ATTR), self.search
         if enqueued is not None:  # measured as queued; the params matched to the distributions
@@ -241,12 +237,11 @@ class Searcher:
         return error is not None
 
     def _store(self, number: int | None, kind: str, spec: TrialSpec, result: TrialResult) -> None:
+        search, fingerprint = self.search, result.workload_fingerprint
         digest = None
-        if result.workload_fingerprint:
+        if fingerprint:
             digest = self.store.record_workload(
-                ref=self.search.workload,
-                options=self.search.workload_options,
-                fingerprint=result.workload_fingerprint,
+                ref=search.workload, options=search.workload_options, fingerprint=fingerprint
             )
         self.store.record_measurement(
             study_name=self.search.study_name,
@@ -360,11 +355,7 @@ class Searcher:
         found = self.unconstrained()  # read once for the whole batch
 
         def finish(index: int, result: TrialResult) -> TrialResult:
-            job = jobs[index]
-            if job.check:
-                result = check_numerics(result, reference_at(found, job.spec))
-            self._store(job.number, "reverify", job.spec, result)
-            return result
+            return self.keep_run(jobs[index], result, found)
 
         fresh = run_batch(
             cold_once(jobs, kept),
@@ -380,6 +371,14 @@ class Searcher:
             first_repeat=[len(old) for old in kept],
         )
         return [(old + new)[:wanted] for old, new in zip(kept, fresh, strict=True)]
+
+    def keep_run(self, job: FreshJob, result: TrialResult, ref: TrialRecord | None) -> TrialResult:
+        """Store a fresh run as a ``reverify`` of its trial (numerics checked against the
+        unconstrained baseline ``ref`` where the job asks)."""
+        if job.check:
+            result = check_numerics(result, reference_at(ref, job.spec))
+        self._store(job.number, "reverify", job.spec, result)
+        return result
 
     def close(self) -> None:
         """Stop this process's trial servers and drop its live-search entry (the study and

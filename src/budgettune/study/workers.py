@@ -278,7 +278,7 @@ def run_gpu_workers(
     search: SearchSpec,
     storage_url: str,
     observer: SearchObserver,
-    on_first_finished: Callable[[], None] | None = None,
+    on_poll: Callable[[TrialCount], None] | None = None,
 ) -> int:
     """Run one worker process per GPU (per group of ``nproc_per_node`` GPUs for sharded
     trials) until the study's target is met and none of its trials runs (workers still
@@ -292,8 +292,8 @@ def run_gpu_workers(
         search: the search the workers join (its study name, runs folder and ranks).
         storage_url: the study's storage, handed to the workers in `STORAGE_ENV`.
         observer: told how many trials finished.
-        on_first_finished: called once, when the first trial of this search has finished
-            (`fresh.prestart_servers`: the workers' first trials have imported by then).
+        on_poll: called with the study's count after each poll, in this thread
+            (`early_round.EarlyRound.poll`: the fresh runs' servers, the early runs).
 
     Returns:
         Trials finished while they ran.
@@ -331,9 +331,8 @@ def run_gpu_workers(
             with database_errors(storage_url):
                 now = study.count()
                 observer.trials_finished(now.finished - start.finished, study.best_feasible_ms())
-            if on_first_finished is not None and now.finished > start.finished:
-                on_first_finished()
-                on_first_finished = None
+            if on_poll is not None:
+                on_poll(now)
             if now.next_step() is NextStep.STOP:
                 break
     except BaseException:

@@ -1,0 +1,209 @@
+"""The re-verification's first runs, started on the slots the trials' tail leaves idle.
+
+A search's trials end unevenly. On four H200s the last four of 20 trials started only when
+the first slots freed, and compiled a whole model for 50-60 s while 12 of 16 slots sat idle;
+the re-verification's first round (a cold compile of each candidate, 55-59 s) began only
+after them (issue 44: the trials' phase 92-122 s, the re-verification 61-66 s, of a search
+the issue wants within 180 s). On one H200, two of four slots were idle for the last 55 s of
+the trials (`benchmarks/results/h200-determinism-2026-11-29/`).
+
+So once no trial is left to start, and while some still run, each slot that no trial holds
+runs what the first round would run with the trials measured so far (`pin.first_round`): the
+``--top-k`` fastest fitting trials and the fitting references, each as many times as the
+first round would (its first run cold), every candidate's first run before any second one,
+then the runs of the report's references that no candidate shares. Each run is stored as a
+``reverify`` of its trial as it comes in, exactly as a round stores it, and the rounds then
+count it (`fresh.stored_runs`) instead of running it again. A candidate that a later trial
+pushes out of the top-k keeps its runs (counted if the walk reaches it): they took slots that
+were idle. Before the rounds start, the runs still going are waited for
+(`EarlyRound.finish`); none starts once every trial has finished (the rounds then run all of
+theirs at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import optuna
+
+from budgettune.storage.user_attrs import WORKER_ATTR
+from budgettune.study.fresh import FreshJob, launcher, run_batch, stored_runs
+from budgettune.study.pin import first_round
+from budgettune.study.spec import SearchSpec
+from budgettune.study.target import NextStep, TrialCount
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialSpec
+from budgettune.trial.trial_run import TrialRun
+
+if TYPE_CHECKING:
+    from budgettune.study.searcher import Searcher
+
+logger = logging.getLogger(__name__)
+
+FirstRound = Callable[
+    [Sequence[optuna.trial.FrozenTrial], SearchSpec, int], list[tuple[FreshJob, int, bool]]
+]
+"""What the first round would run, how many runs of each, and whether it is a candidate (not
+a reference re-measured for the report only): `pin.first_round`."""
+
+
+def idle_slots(
+    trials: Sequence[optuna.trial.FrozenTrial],
+    devices: Sequence[str],
+    busy: Counter[str],
+    host: str,
+) -> list[str]:
+    """The device slots (``devices`` names each GPU once a slot) that neither a running trial
+    of this host nor one of ``busy``'s runs holds, one entry a slot."""
+    running = Counter(
+        str(t.user_attrs.get(WORKER_ATTR, ""))
+        for t in trials
+        if t.state == optuna.trial.TrialState.RUNNING
+    )
+    idle: list[str] = []
+    for device, slots in Counter(devices).items():
+        idle += [device] * max(0, slots - running[f"{host}:{device}"] - busy[device])
+    return idle
+
+
+class EarlyRound:
+    """Runs the first round's runs on idle slots while the last trials run (module doc).
+
+    ``poll`` is called by `workers.run_gpu_workers` once a poll, in the search's own thread;
+    the runs go in threads of their own, and their results are stored by ``poll`` and
+    ``finish`` in that same thread (as `fresh.run_batch`'s ``finish`` does).
+    """
+
+    def __init__(
+        self,
+        searcher: Searcher,
+        on_first_finished: Callable[[], None] | None = None,
+        plan: FirstRound = first_round,
+    ) -> None:
+        self.searcher = searcher
+        self._on_first = on_first_finished
+        self._plan = plan
+        self._start: int | None = None
+        self._busy: Counter[str] = Counter()
+        self._going: Counter[str] = Counter()  # runs going, by job (its run folders' name)
+        self._launched: Counter[str] = Counter()  # runs started, by job
+        self._done: queue.SimpleQueue[tuple[FreshJob, str, TrialResult | BaseException]] = (
+            queue.SimpleQueue()
+        )
+        self.started: list[int] = []
+        """The trial of each run started early, in order."""
+
+    def poll(self, count: TrialCount) -> None:
+        """After a poll of the study: tell the first finished trial, store the runs that
+        came in, and start runs on the idle slots once no trial is left to start."""
+        if self._start is None:
+            self._start = count.finished
+        if self._on_first is not None and count.finished > self._start:
+            self._on_first()
+            self._on_first = None
+        self._keep_done()
+        # only while trials run (with none left, the rounds run every run at once)
+        if len(self.searcher.devices) > 1 and count.next_step() is NextStep.WAIT:
+            started = self._start_runs(report=True)
+            if started:
+                self.searcher.observer.notice(
+                    f"re-verifying trial{'s' if len(started) > 1 else ''} "
+                    f"{', '.join(map(str, started))} on idle slots while the last trials run"
+                )
+
+    def finish(self) -> None:
+        """Once every trial has finished: where runs started early, the rest of the first
+        round's candidate runs go out as the round would run them (beside those still going,
+        each on a slot as one frees), and all are waited for and stored, for the round to
+        count; where none did, nothing (the round runs as ever)."""
+        if not self.started:
+            return
+        while True:
+            self._keep_done()
+            self._start_runs(report=False)
+            if not sum(self._busy.values()):
+                return
+            self._keep(self._done.get())  # a slot frees
+
+    def _start_runs(self, *, report: bool) -> list[int]:
+        """Start the plan's runs on the idle slots, every job's first run before any second
+        one (``report``: the report's references' runs too): the trials they are of."""
+        searcher = self.searcher
+        trials = searcher.study.get_trials(deepcopy=False)
+        idle = idle_slots(trials, searcher.devices, self._busy, socket.gethostname())
+        if not idle:
+            return []
+        plan = [
+            (job, runs)
+            for job, runs, candidate in self._plan(trials, searcher.search, searcher.fresh_slots)
+            if candidate or report
+        ]
+        kept = stored_runs(searcher.store, searcher.search.study_name, [j for j, _ in plan])
+        started = []
+        for level in range(max((runs for _, runs in plan), default=0)):
+            for (job, runs), old in zip(plan, kept, strict=True):
+                have = len(old) + self._going[job.run_name]
+                # at most the round's runs of a job from here, whatever came of them (a
+                # failed or uncounted one is the round's to run again)
+                if idle and have == level < runs and self._launched[job.run_name] < runs:
+                    cold = job.cold and have == 0  # only a first run may start cold
+                    self._launch(dataclasses.replace(job, cold=cold), idle.pop(0), repeat=have)
+                    started.append(job.number)
+        self.started += started
+        return started
+
+    def _launch(self, job: FreshJob, device: str, *, repeat: int) -> None:
+        searcher = self.searcher
+        search = searcher.search
+        launch = launcher(
+            search.trial_timeout_s, searcher.servers, searcher.cpu_shares, search.trials_per_gpu
+        )
+
+        def make_run(spec: TrialSpec) -> TrialRun:
+            return dataclasses.replace(search.trial_run(spec), device=device)
+
+        def work() -> None:
+            try:
+                [[result]] = run_batch(
+                    [job],
+                    runs=1,
+                    make_run=make_run,
+                    runs_dir=searcher.runs_dir,
+                    devices=[device],
+                    launch=launch,
+                    on_phase=lambda _: None,
+                    first_repeat=[repeat],
+                )
+                self._done.put((job, device, result))
+            except BaseException as exc:  # reported in the search's thread; a round re-runs it
+                self._done.put((job, device, exc))
+
+        self._busy[device] += 1
+        self._going[job.run_name] += 1
+        self._launched[job.run_name] += 1
+        thread = threading.Thread(target=work, name=f"early {job.run_name}", daemon=True)
+        thread.start()
+
+    def _keep_done(self) -> None:
+        while True:
+            try:
+                self._keep(self._done.get_nowait())
+            except queue.Empty:
+                return
+
+    def _keep(self, done: tuple[FreshJob, str, TrialResult | BaseException]) -> None:
+        """Store one run that came in (a failed one is logged: a round runs it again)."""
+        job, device, outcome = done
+        self._busy[device] -= 1
+        self._going[job.run_name] -= 1
+        if isinstance(outcome, BaseException):
+            logger.warning("an early run of trial %d failed: %s", job.number, outcome)
+            return
+        self.searcher.keep_run(job, outcome, self.searcher.unconstrained())

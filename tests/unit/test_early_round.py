@@ -1,0 +1,264 @@
+"""Issue 44: the re-verification's first round starts on the slots the trials' tail leaves
+idle (`budgettune.study.early_round`), and the rounds count what it measured."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+import pytest
+from storage_samples import run_result
+
+from budgettune.study import early_round
+from budgettune.study.early_round import EarlyRound, idle_slots
+from budgettune.study.fresh import FreshJob
+from budgettune.study.pin import first_round
+from budgettune.study.spec import SearchSpec
+from budgettune.study.study import SearchObserver
+from budgettune.study.target import TrialCount
+from budgettune.trial.results import TrialResult
+from budgettune.trial.spec import TrialSpec
+
+State = optuna.trial.TrialState
+HOST = socket.gethostname()
+
+
+def _running(device: str, host: str = HOST) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        state=State.RUNNING, user_attrs={"worker": f"{host}:{device}"}
+    )
+
+
+def test_idle_slots_are_the_slots_no_running_trial_or_early_run_holds() -> None:
+    devices = ["cuda:0", "cuda:1"] * 4  # two GPUs, four trials a GPU
+    done = optuna.trial.create_trial(value=1.0, user_attrs={"worker": f"{HOST}:cuda:1"})
+    trials = [
+        *[_running("cuda:0")] * 3,
+        _running("cuda:1"),
+        done,  # finished: holds nothing
+        _running("cuda:1", host="elsewhere"),  # a teammate's GPU, not ours
+    ]
+    assert Counter(idle_slots(trials, devices, Counter(), HOST)) == {"cuda:0": 1, "cuda:1": 3}
+    busy = Counter({"cuda:0": 1, "cuda:1": 1})
+    assert Counter(idle_slots(trials, devices, busy, HOST)) == {"cuda:1": 2}
+
+
+def _trial(number: int, spec: TrialSpec, *, fits: bool, ms: float, label: str | None = None):
+    attrs = {
+        "outcome": "ok",
+        "spec": spec.to_json_dict(),
+        "peak_device_bytes": 90_000_000 if fits else 200_000_000,
+        "peak_allocated_bytes": 90_000_000 if fits else 200_000_000,
+        "peak_reserved_bytes": 90_000_000 if fits else 200_000_000,
+        "step_time_ms": ms,
+        "constraint": [-1.0 if fits else 1.0],
+    }
+    if label is not None:
+        attrs["baseline"] = label
+    made = optuna.trial.create_trial(
+        value=ms, user_attrs=attrs, state=State.COMPLETE if fits else State.PRUNED
+    )
+    made.number = number
+    return made
+
+
+def _study_trials() -> list[optuna.trial.FrozenTrial]:
+    from budgettune.storage.trials import FULL_AC, UNCONSTRAINED
+
+    return [
+        _trial(0, TrialSpec(), fits=False, ms=8.0, label=UNCONSTRAINED),  # over the limit
+        _trial(1, TrialSpec(block_ac_every=1), fits=True, ms=14.0, label=FULL_AC),
+        _trial(2, TrialSpec(activation_memory_budget=0.5), fits=True, ms=10.0),
+        _trial(3, TrialSpec(activation_memory_budget=0.6), fits=True, ms=11.0),
+        _trial(4, TrialSpec(activation_memory_budget=0.3), fits=True, ms=12.0),
+    ]
+
+
+def _search(**changes) -> SearchSpec:
+    from budgettune.study.space import SearchSpace
+
+    return SearchSpec(
+        workload="builtin:tiny-gpt",
+        device="cuda:0",
+        max_mem_bytes=100_000_000,
+        study_name="s",
+        space=SearchSpace.for_device("cuda"),
+        top_k=2,
+        **changes,
+    )
+
+
+def test_the_first_round_is_the_top_k_and_the_references_then_the_report_baseline() -> None:
+    trials = _study_trials()
+    # one GPU, 4 slots: the two fastest and full block AC (a fitting reference), one cold run
+    # each; then the over-limit baseline's three runs for the report
+    plan = first_round(trials, _search(), 4)
+    assert [(job.number, job.cold, runs, candidate) for job, runs, candidate in plan] == [
+        (2, True, 1, True),
+        (3, True, 1, True),
+        (1, True, 1, True),
+        (0, False, 3, False),
+    ]
+    assert plan[3][0].run_name == "reverify-unconstrained-0000"
+    # four GPUs, 16 slots: the round holds three runs of each of the three
+    assert [runs for _, runs, _ in first_round(trials, _search(), 16)] == [3, 3, 3, 3]
+    # two slots do not hold the three at once: only the fastest starts cold (as the round)
+    assert [job.cold for job, _, _ in first_round(trials, _search(), 2)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert first_round(trials[:1], _search(), 16) == []  # nothing fits yet: nothing to run
+
+
+@dataclass
+class _Measurement:
+    trial_number: int
+    spec: TrialSpec
+    result: TrialResult
+    device_name: str = "NVIDIA H200"
+    torch_version: str = "2.11.0"
+
+    def to_result(self) -> TrialResult:
+        return self.result
+
+
+@dataclass
+class _Store:
+    """What `fresh.stored_runs` reads: the trials' measurements, and the runs kept."""
+
+    trials: list[optuna.trial.FrozenTrial]
+    kept: list[tuple[FreshJob, TrialResult]] = field(default_factory=list)
+
+    def measurements(self, study_name, kind):
+        if kind == "trial":
+            return [_Measurement(t.number, TrialSpec(), run_result(1, 1.0)) for t in self.trials]
+        return [_Measurement(job.number, job.spec, result) for job, result in self.kept]
+
+
+@dataclass
+class _Study:
+    trials: list[optuna.trial.FrozenTrial]
+
+    def get_trials(self, deepcopy=False):
+        return self.trials
+
+
+@dataclass
+class _Searcher:
+    trials: list[optuna.trial.FrozenTrial]
+    devices: tuple[str, ...] = ("cuda:0",) * 4
+    search: SearchSpec = field(default_factory=_search)
+    observer: SearchObserver = field(default_factory=SearchObserver)
+    runs_dir: Path = Path("/nonexistent")
+    servers: None = None
+    cpu_shares: dict[str, str] = field(default_factory=dict)
+    kept: list[tuple[int, bool, TrialResult]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.study = _Study(self.trials)
+        self.store = _Store(self.trials)
+        self.fresh_slots = len(self.devices)
+
+    def unconstrained(self):
+        return None
+
+    def keep_run(self, job: FreshJob, result: TrialResult, ref) -> TrialResult:
+        self.kept.append((job.number, job.cold, result))
+        self.store.kept.append((job, result))
+        return result
+
+
+def _count(finished: int, running: int, target: int = 5) -> TrialCount:
+    return TrialCount(
+        target=target, counted=finished + running, finished=finished, waiting=0, running=running
+    )
+
+
+def _wait_for(condition) -> None:
+    deadline = time.monotonic() + 5
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_early_runs_start_on_idle_slots_and_the_round_is_completed_at_the_end(
+    monkeypatch,
+) -> None:
+    release = threading.Event()
+    launched: list[tuple[int, bool, str, int]] = []
+
+    def run_batch(jobs, *, runs, make_run, runs_dir, devices, launch, on_phase, first_repeat):
+        [job] = jobs
+        run = make_run(job.spec)
+        launched.append((job.number, job.cold, run.device, first_repeat[0]))
+        release.wait(5)
+        return [[run_result(90, 10.0, cold=job.cold)]]
+
+    monkeypatch.setattr(early_round, "run_batch", run_batch)
+    last = [_running("cuda:0"), _running("cuda:0")]
+    trials = _study_trials() + last  # the last two trials still run
+    searcher = _Searcher(trials)
+    said: list[str] = []
+    searcher.observer.notice = said.append  # type: ignore[method-assign]
+    warmed: list[int] = []
+    early = EarlyRound(searcher, on_first_finished=lambda: warmed.append(1))  # type: ignore[arg-type]
+
+    early.poll(_count(finished=0, running=4, target=7))  # the start: nothing finished
+    early.poll(_count(finished=3, running=2, target=7))  # a trial left to start: none early
+    assert launched == [] and warmed == [1]
+    early.poll(_count(finished=5, running=2, target=7))  # the last two run: 2 slots idle
+    _wait_for(lambda: len(launched) == 2)
+    # one GPU: a cold run of each of the two fastest, on the idle slots, in the round's order
+    assert sorted(launched) == [(2, True, "cuda:0", 0), (3, True, "cuda:0", 0)]
+    assert early.started == [2, 3]
+    assert said == ["re-verifying trials 2, 3 on idle slots while the last trials run"]
+    early.poll(_count(finished=5, running=2, target=7))  # every slot held: nothing more
+    assert len(launched) == 2
+    # the trials end: the round's last run (full block AC's) goes out beside them, and all
+    # are stored for the round to count; the over-limit baseline is left to the rounds
+    for trial in last:
+        trials.remove(trial)
+    release.set()
+    early.finish()
+    assert sorted(launched) == [
+        (1, True, "cuda:0", 0),
+        (2, True, "cuda:0", 0),
+        (3, True, "cuda:0", 0),
+    ]
+    assert sorted((n, cold) for n, cold, _ in searcher.kept) == [(1, True), (2, True), (3, True)]
+    assert early._busy == Counter({"cuda:0": 0}) and all(v == 0 for v in early._going.values())
+    plan = first_round(trials, searcher.search, searcher.fresh_slots)  # what the round counts
+    from budgettune.study.fresh import stored_runs
+
+    counted = stored_runs(searcher.store, "s", [job for job, _, _ in plan])  # type: ignore[arg-type]
+    assert [len(runs) for runs in counted] == [1, 1, 1, 0]
+
+
+def test_no_early_run_once_every_trial_has_finished_or_on_one_slot(monkeypatch) -> None:
+    monkeypatch.setattr(early_round, "run_batch", lambda *a, **k: pytest.fail("ran"))
+    early = EarlyRound(_Searcher(_study_trials()))  # type: ignore[arg-type]
+    early.poll(_count(finished=5, running=0))  # all in: the rounds run everything at once
+    single = EarlyRound(_Searcher(_study_trials() + [_running("cuda:0")], devices=("cuda:0",)))  # type: ignore[arg-type]
+    single.poll(_count(finished=5, running=1, target=6))
+    early.finish()
+    single.finish()
+
+
+def test_a_failed_early_run_is_logged_and_left_to_the_rounds(monkeypatch, caplog) -> None:
+    def run_batch(jobs, **kwargs):
+        raise OSError("the run folder went away")
+
+    monkeypatch.setattr(early_round, "run_batch", run_batch)
+    searcher = _Searcher(_study_trials() + [_running("cuda:0")])
+    early = EarlyRound(searcher)  # type: ignore[arg-type]
+    early.poll(_count(finished=5, running=1, target=6))
+    early.finish()
+    assert searcher.kept == []  # nothing stored: the round measures it
+    assert "an early run of trial 2 failed: the run folder went away" in caplog.text
+    assert early._busy["cuda:0"] == 0
