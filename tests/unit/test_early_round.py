@@ -262,3 +262,64 @@ def test_a_failed_early_run_is_logged_and_left_to_the_rounds(monkeypatch, caplog
     assert searcher.kept == []  # nothing stored: the round measures it
     assert "an early run of trial 2 failed: the run folder went away" in caplog.text
     assert early._busy["cuda:0"] == 0
+
+
+def test_with_a_real_study_the_round_counts_the_early_run_and_runs_it_no_more(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The real Searcher and SQLite: the early run goes through `fresh.run_batch` (its run
+    folder, its cold caches), is stored as a ``reverify`` of its trial, and the round's
+    `Searcher.fresh_batch` then counts it and launches nothing."""
+    import dataclasses
+
+    from budgettune import storage
+    from budgettune.study import searcher as searcher_mod
+    from budgettune.study.searcher import Searcher
+    from budgettune.study.study_file import build_search_spec
+
+    launched: list[tuple[str, str, bool]] = []
+
+    def fake_launcher(timeout_s: float, servers=None, cpu_shares=None, sharing=1):
+        def launch(run, run_dir: Path) -> TrialResult:
+            cold = run.cache_root is not None and run.cache_root.endswith("cold-caches")
+            launched.append((run_dir.name, run.device, cold))
+            return dataclasses.replace(run_result(90_000_000, 20.5, cold=cold), device_name="cpu")
+
+        return launch
+
+    monkeypatch.setattr(early_round, "launcher", fake_launcher)
+    monkeypatch.setattr(searcher_mod, "launcher", fake_launcher)
+    url = f"sqlite:///{tmp_path / 'bt.db'}"
+    spec = TrialSpec(compile_mode="eager", activation_memory_budget=0.5)
+    study = optuna.create_study(study_name="s", storage=url)
+    done = _trial(0, spec, fits=True, ms=20.0)
+    study.add_trial(optuna.trial.create_trial(value=20.0, user_attrs=done.user_attrs))
+    study.add_trial(_running("cpu"))  # the last trial, still running on this host's slot
+    search = build_search_spec(
+        {
+            "workload": "builtin:tiny-gpt",
+            "max_mem": "100MB",
+            "study": "s",
+            "storage": url,
+            "runs_dir": str(tmp_path / "runs"),
+            "top_k": 1,
+            "reverify": 1,
+        },
+        default_device="cpu",
+    )
+    with storage.open_storage(url, heartbeat_interval_s=10) as store:
+        searcher = Searcher(search, store, add_trials=False, devices=["cpu", "cpu"])
+        try:
+            searcher._store(
+                0, "trial", spec, dataclasses.replace(run_result(1, 20.0), device_name="cpu")
+            )
+            early = EarlyRound(searcher)
+            early.poll(_count(finished=1, running=1, target=2))
+            early.finish()
+            assert launched == [("reverify-0000-0", "cpu", True)]
+            assert [m.trial_number for m in store.measurements("s", kind="reverify")] == [0]
+            job = first_round(searcher.study.get_trials(deepcopy=False), search, 2)[0][0]
+            (runs,) = searcher.fresh_batch([job], runs=1)
+            assert [r.cold_caches for r in runs] == [True] and len(launched) == 1
+        finally:
+            searcher.claim.close()
