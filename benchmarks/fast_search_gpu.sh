@@ -33,6 +33,9 @@
 #                  gpt2m-mixed16-b: again
 #   warm           one `budgettune trial` of a tiny GPT-2 (the host's bytecode written before
 #                  the first timed search)
+#   gpt2m-mixed-probe   the mixed search with benchmarks.partition_probe in every process
+#                  (each trial's and fresh run's partition and code, by run folder:
+#                  gpt2m-mixed-probe.probe.txt): which programs a configuration's runs compiled
 #   determinism    the cache-programs configuration compiled afresh, caches of its own each:
 #                  four processes at once (hash seed random, then 0), then one alone twice;
 #                  benchmarks.partition_probe records each one's partition and code
@@ -229,13 +232,16 @@ cache_programs() {  # does a configuration compile to another program from other
         echo "== cache $name: exit $?, $(date -u +%FT%TZ)"
     done
 }
+probe_site() {  # a folder whose sitecustomize puts benchmarks.partition_probe in a process
+    mkdir -p /tmp/bt-probe-site
+    printf 'import benchmarks.partition_probe as p\np.install()\n' > /tmp/bt-probe-site/sitecustomize.py
+}
 determinism() {  # one configuration compiled afresh in several processes: one program?
-    local out=$state/out/determinism root=/tmp/bt-determinism site=/tmp/bt-determinism-site
+    local out=$state/out/determinism root=/tmp/bt-determinism site=/tmp/bt-probe-site
     local opts=(--workload hf:gpt2 -o n_layer=24 -o n_embd=1024 -o n_head=16 -o batch_size=8
                 -o seq_len=1024 --device cuda --block-ac-every 1 --block-ac-policy op
                 --optimizer-impl fused --activation-memory-budget 0.0763 --json)
-    rm -rf "$root" "$site" && mkdir -p "$out" "$site"
-    printf 'import benchmarks.partition_probe as p\np.install()\n' > "$site/sitecustomize.py"
+    rm -rf "$root" && mkdir -p "$out" && probe_site
     local round name seed count i repo=$PWD hs
     # four at once (as a search's trials on one GPU: 4 compile workers each), with Python's
     # hash seed random, then fixed, then one process alone, twice
@@ -298,6 +304,10 @@ run_step() {
         gpt2m-before|gpt2m-after) search "$1" "${gpt2m[@]}" ;;
         gpt2m-regional) search "$1" "${gpt2m[@]}" --compile-scopes blocks ;;
         gpt2m-mixed|gpt2m-mixed-b|gpt2m-mixed-c) search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
+        gpt2m-mixed-probe) probe_site
+            PYTHONPATH=/tmp/bt-probe-site:$PWD:$PYTHONPATH PARTITION_PROBE_OUT=$state/out/$1 \
+                search "$1" "${gpt2m[@]}" --compile-scopes model,blocks
+            python3 -m benchmarks.partition_probe summarize "$state/out/$1" > "$state/out/$1.probe.txt" 2>&1 ;;
         gpt2m-mixed16|gpt2m-mixed16-b) TORCHINDUCTOR_COMPILE_THREADS=16 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         warm) trial_json warm -w hf:gpt2 -o tiny=true -o batch_size=8 -o seq_len=128 ;;
         vs-gpt2m-mixed) versus gpt2m-mixed "$(newest gpt2m-mixed)" "$grid30_s0" ;;

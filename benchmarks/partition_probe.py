@@ -12,8 +12,8 @@ compile (the CLI, compile workers) only pay for the finder. Each record holds, p
 - ``code``: each generated module's source, hashed with temporary paths blanked, and its number
   of Triton kernels.
 
-``python -m benchmarks.partition_probe summarize DIR`` prints one line a process and says where
-two processes of one configuration first differ.
+A trial child's record is named by its run folder (``trial-0014.json``), any other process's by
+its pid. ``python -m benchmarks.partition_probe summarize DIR`` prints one line a record.
 """
 
 from __future__ import annotations
@@ -124,8 +124,19 @@ def _add(kind: str, entry: dict[str, Any]) -> None:
     _RECORD[kind].append(entry)
     folder = Path(os.environ[OUT_ENV])
     folder.mkdir(parents=True, exist_ok=True)
-    record = dict(_RECORD, pid=os.getpid(), hash_seed=os.environ.get("PYTHONHASHSEED", "random"))
-    (folder / f"{os.getpid()}.json").write_text(json.dumps(record))
+    run = _run_name()
+    record = dict(
+        _RECORD, pid=os.getpid(), run=run, hash_seed=os.environ.get("PYTHONHASHSEED", "random")
+    )
+    (folder / f"{run or os.getpid()}.json").write_text(json.dumps(record))
+
+
+def _run_name() -> str | None:
+    """A trial child's run folder name (``trial-0014``, ``reverify-0014-0``): its ``sys.argv``
+    is ``[child, SPEC.json, RESULT.json]``, fresh or forked from a trial server."""
+    if len(sys.argv) > 1 and sys.argv[1].endswith("SPEC.json"):
+        return Path(sys.argv[1]).parent.name
+    return None
 
 
 def install() -> None:
