@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 from budgettune.blocks import find_blocks
-from budgettune.errors import WorkloadError, one_line
+from budgettune.errors import WorkloadError, one_line, shown_value
 from budgettune.hub import hub_config_folder, is_hub_id
 from budgettune.workload_builtins import (  # noqa: F401 - re-exported
     BUILTIN_MAX_LAYERS,
@@ -320,7 +320,8 @@ def _check_options(ref: str, fn: Callable[..., Any], options: Mapping[str, Any])
         flag = p.annotation in (bool, "bool") or isinstance(p.default, bool)
         if flag and not isinstance(options.get(p.name, False), bool):
             raise WorkloadError(
-                f"workload {ref}: option {p.name} takes true or false, got {options[p.name]!r:.60}"
+                f"workload {ref}: option {p.name} takes true or false, "
+                f"got {shown_value(options[p.name])}"
             )
 
 

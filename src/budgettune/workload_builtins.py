@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from budgettune.errors import WorkloadError
+from budgettune.errors import WorkloadError, shown_value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,17 +93,17 @@ def check_builtin_bounds(ref: str, options: Mapping[str, Any]) -> None:
         kind = entry.options.get(name)
         if kind is None:
             raise WorkloadError(
-                f"workload {ref} takes no option {name!r:.40}; it takes "
+                f"workload {ref} takes no option {shown_value(name)}; it takes "
                 + ", ".join(sorted(entry.options))
             )
         if kind is bool and not isinstance(value, bool):
             raise WorkloadError(
-                f"workload {ref}: option {name} is true or false, got {value!r:.40}"
+                f"workload {ref}: option {name} is true or false, got {shown_value(value)}"
             )
         if kind is float:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise WorkloadError(
-                    f"workload {ref}: option {name} must be a number, got {value!r:.40}"
+                    f"workload {ref}: option {name} must be a number, got {shown_value(value)}"
                 )
             if not 0 < value <= 1e12:
                 raise WorkloadError(f"workload {ref}: option {name} must be above 0, at most 1e12")
@@ -114,13 +114,13 @@ def check_builtin_bounds(ref: str, options: Mapping[str, Any]) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
                 raise WorkloadError(
                     f"workload {ref}: option seed must be an integer from 0 to 2**63 - 1, got "
-                    f"{value!r:.40}"
+                    f"{shown_value(value)}"
                 )
             continue
         most = BUILTIN_MAX_LAYERS if name == "n_layers" else BUILTIN_MAX_SIZE
         if isinstance(value, bool) or not isinstance(value, int):  # True is no size (P6-9)
             raise WorkloadError(
-                f"workload {ref}: option {name} must be an integer, got {value!r:.40}"
+                f"workload {ref}: option {name} must be an integer, got {shown_value(value)}"
             )
         if not 1 <= value <= most:
             raise WorkloadError(

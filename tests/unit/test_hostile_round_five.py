@@ -127,6 +127,35 @@ def test_p9_6_a_deeply_nested_value_is_one_bounded_line() -> None:
             write_workload(trainer, folder)  # type: ignore[arg-type]
 
 
+def test_every_refusal_that_quotes_a_value_bounds_it_however_deep_it_nests() -> None:
+    """The refusals that quoted ``{value!r:.40}`` built the whole repr first (a 3,000-deep
+    list raised RecursionError there, as P9-6 found in budgettune.search): each now shows it
+    with `shown_value`."""
+    from budgettune.study.batch import micro_batch_sizes
+    from budgettune.study.expressible import check_target
+    from budgettune.trial.spec import TrialSpec
+    from budgettune.workload_builtins import check_builtin_bounds
+
+    deep: list[object] = []
+    cur = deep
+    for _ in range(3000):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    calls = [
+        lambda: check_builtin_bounds("builtin:tiny-gpt", {"n_layers": deep}),
+        lambda: check_builtin_bounds("builtin:tiny-gpt", {"seed": deep}),
+        lambda: TrialSpec.from_json_dict({"recompute_ops_added": {"a": deep}}),
+        lambda: TrialSpec.from_json_dict({"block_ac_every": deep}),
+        lambda: check_target(deep),  # type: ignore[arg-type]
+        lambda: micro_batch_sizes(deep, (0,), {}),
+    ]
+    for call in calls:
+        with pytest.raises(BudgettuneError) as caught:
+            call()
+        assert "[[[...]]]" in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_p9_7_an_empty_workload_or_run_folder_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 
+from budgettune.errors import shown_value
 from budgettune.pinning.document import PinDocument
 from budgettune.schema import OneOf
 from budgettune.trial.results import MEM_METRICS, TrialOutcome
@@ -171,11 +172,11 @@ def _problem(where: str, name: str, value: Any) -> str | None:
         bound = MAX_COUNT if name in ("runs", "cold_runs", "rank") else MAX_BYTES
         counted = name.endswith("bytes") or bound == MAX_COUNT  # never below 0
         if not (0 if counted else -MAX_BYTES) <= value <= bound:
-            return f"{where}{name} is {value!r:.40}: out of range"
+            return f"{where}{name} is {shown_value(value)}: out of range"
     elif isinstance(value, float):
         limit = MAX_MS if name.endswith("_ms") else 1e30
         if not math.isfinite(value) or abs(value) > limit:
-            return f"{where}{name} is {value!r:.40}: it must be a finite number"
+            return f"{where}{name} is {shown_value(value)}: it must be a finite number"
     elif isinstance(value, tuple):
         for item in value:
             if isinstance(item, (int, float)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, shown_value
 from budgettune.trial.knobs import is_int
 from budgettune.trial.spec import TrialSpec
 
@@ -28,7 +28,7 @@ def micro_batch_sizes(
     if not is_int(global_batch) or not 0 <= global_batch <= MAX_GLOBAL_BATCH:
         raise UsageError(
             f"--global-batch must be an integer from 0 to {MAX_GLOBAL_BATCH}, got "
-            f"{global_batch!r:.40}"
+            f"{shown_value(global_batch)}"
         )
     if not global_batch:
         return sizes
@@ -66,8 +66,8 @@ def powers_of_two(text: str) -> list[int]:
     power = all(n & (n - 1) == 0 for n in (low, high))
     if not (match and power and 0 < low <= high <= MAX_MICRO_BATCH_RANGE):
         raise UsageError(
-            f"micro-batches {text!r:.40}: a list (2,4,8) or a range of powers of two from LOW "
-            f"to HIGH (1..32), both powers of two up to {MAX_MICRO_BATCH_RANGE}"
+            f"micro-batches {shown_value(text)}: a list (2,4,8) or a range of powers of two from "
+            f"LOW to HIGH (1..32), both powers of two up to {MAX_MICRO_BATCH_RANGE}"
         )
     sizes = []
     while low <= high:

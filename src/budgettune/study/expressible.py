@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from budgettune.errors import UsageError
+from budgettune.errors import UsageError, shown_value
 from budgettune.integrations.torchtitan import inexpressible
 from budgettune.study.space import SearchSpace, suggest_spec
 from budgettune.trial.spec import KNOB_BY_NAME, TrialSpec
@@ -43,8 +43,8 @@ def check_target(target: Any) -> None:
     """Refuse a target that is not one of `TARGETS` (or empty: none) in one line."""
     if target != "" and target not in TARGETS:
         raise UsageError(
-            f"--target: unknown target {target!r:.40}; choose {', '.join(TARGETS)} (or leave "
-            "it out to search every configuration)"
+            f"--target: unknown target {shown_value(target)}; choose {', '.join(TARGETS)} (or "
+            "leave it out to search every configuration)"
         )
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, TypeVar
 
-from budgettune.errors import SpecError
+from budgettune.errors import SpecError, shown_value
 
 T = TypeVar("T")
 
@@ -170,7 +170,8 @@ class Knob:
         elif self.value_type is int:
             if not is_int(value) or not 0 <= value <= MAX_KNOB_INT:
                 raise SpecError(
-                    f"{self.name} must be an integer from 0 to {MAX_KNOB_INT}, got {value!r:.40}"
+                    f"{self.name} must be an integer from 0 to {MAX_KNOB_INT}, "
+                    f"got {shown_value(value)}"
                 )
         elif self.value_type is str and not isinstance(value, str):
             raise SpecError(f"{self.name} must be a string, got {value!r}")

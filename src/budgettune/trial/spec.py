@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from budgettune.errors import SpecError
+from budgettune.errors import SpecError, shown_value
 from budgettune.trial.allocator import parse_settings
 from budgettune.trial.knobs import Knob, by_name, is_int, knob, knobs_of, setting
 from budgettune.trial.op_lists import (
@@ -378,7 +378,8 @@ class TrialSpec:
         for name in ("recompute_ops_removed", "recompute_ops_added"):
             if name in values:
                 if not isinstance(values[name], (list, tuple)):  # "aten.mm" read as 7 names
-                    raise SpecError(f"{name} must be a list of op names, got {values[name]!r:.60}")
+                    got = shown_value(values[name])
+                    raise SpecError(f"{name} must be a list of op names, got {got}")
                 values[name] = tuple(values[name])
         return cls(**values)
 
