@@ -98,22 +98,17 @@ def test_the_first_round_is_the_top_k_and_the_references_then_the_report_baselin
     # one GPU, 4 slots: the two fastest and full block AC (a fitting reference), one cold run
     # each; then the over-limit baseline's three runs for the report
     plan = first_round(trials, _search(), 4)
-    assert [(job.number, job.cold, runs, candidate) for job, runs, candidate in plan] == [
-        (2, True, 1, True),
-        (3, True, 1, True),
-        (1, True, 1, True),
-        (0, False, 3, False),
+    assert [(r.job.number, r.job.cold, r.runs, r.rank, r.report) for r in plan] == [
+        (2, True, 1, 0, False),
+        (3, True, 1, 1, False),
+        (1, True, 1, None, False),  # a reference: in the round whatever comes in
+        (0, False, 3, None, True),
     ]
-    assert plan[3][0].run_name == "reverify-unconstrained-0000"
+    assert plan[3].job.run_name == "reverify-unconstrained-0000"
     # four GPUs, 16 slots: the round holds three runs of each of the three
-    assert [runs for _, runs, _ in first_round(trials, _search(), 16)] == [3, 3, 3, 3]
+    assert [r.runs for r in first_round(trials, _search(), 16)] == [3, 3, 3, 3]
     # two slots do not hold the three at once: only the fastest starts cold (as the round)
-    assert [job.cold for job, _, _ in first_round(trials, _search(), 2)] == [
-        True,
-        False,
-        False,
-        False,
-    ]
+    assert [r.job.cold for r in first_round(trials, _search(), 2)] == [True, False, False, False]
     assert first_round(trials[:1], _search(), 16) == []  # nothing fits yet: nothing to run
 
 
@@ -214,30 +209,55 @@ def test_early_runs_start_on_idle_slots_and_the_round_is_completed_at_the_end(
     assert launched == [] and warmed == [1]
     early.poll(_count(finished=5, running=2, target=7))  # the last two run: 2 slots idle
     _wait_for(lambda: len(launched) == 2)
-    # one GPU: a cold run of each of the two fastest, on the idle slots, in the round's order
-    assert sorted(launched) == [(2, True, "cuda:0", 0), (3, True, "cuda:0", 0)]
-    assert early.started == [2, 3]
-    assert said == ["re-verifying trials 2, 3 on idle slots while the last trials run"]
+    # two trials could still push both candidates (--top-k 2) out: only what the round runs
+    # surely, full block AC's cold run and the over-limit baseline's first run (the report's)
+    assert sorted(launched) == [(0, False, "cuda:0", 0), (1, True, "cuda:0", 0)]
+    assert said == ["re-verifying trials 1, 0 on idle slots while the last trials run"]
     early.poll(_count(finished=5, running=2, target=7))  # every slot held: nothing more
     assert len(launched) == 2
-    # the trials end: the round's last run (full block AC's) goes out beside them, and all
-    # are stored for the round to count; the over-limit baseline is left to the rounds
+    # the trials end: the candidates' cold runs go out beside those still going, and all are
+    # stored for the round to count; the baseline's other runs are left to the rounds
     for trial in last:
         trials.remove(trial)
     release.set()
     early.finish()
     assert sorted(launched) == [
+        (0, False, "cuda:0", 0),
         (1, True, "cuda:0", 0),
         (2, True, "cuda:0", 0),
         (3, True, "cuda:0", 0),
     ]
-    assert sorted((n, cold) for n, cold, _ in searcher.kept) == [(1, True), (2, True), (3, True)]
+    assert sorted((n, cold) for n, cold, _ in searcher.kept) == [
+        (0, False),
+        (1, True),
+        (2, True),
+        (3, True),
+    ]
     assert early._busy == Counter({"cuda:0": 0}) and all(v == 0 for v in early._going.values())
     plan = first_round(trials, searcher.search, searcher.fresh_slots)  # what the round counts
     from budgettune.study.fresh import stored_runs
 
-    counted = stored_runs(searcher.store, "s", [job for job, _, _ in plan])  # type: ignore[arg-type]
-    assert [len(runs) for runs in counted] == [1, 1, 1, 0]
+    counted = stored_runs(searcher.store, "s", [r.job for r in plan])  # type: ignore[arg-type]
+    assert [len(runs) for runs in counted] == [1, 1, 1, 1]
+
+
+def test_with_one_trial_running_the_fastest_cannot_be_pushed_out(monkeypatch) -> None:
+    launched: list[int] = []
+
+    def run_batch(jobs, **kwargs):
+        launched.append(jobs[0].number)
+        return [[run_result(90, 10.0, cold=jobs[0].cold)]]
+
+    monkeypatch.setattr(early_round, "run_batch", run_batch)
+    trials = _study_trials() + [_running("cuda:0", host="elsewhere")]  # a teammate's: 4 idle
+    searcher = _Searcher(trials)
+    early = EarlyRound(searcher)  # type: ignore[arg-type]
+    early.poll(_count(finished=5, running=1, target=6))
+    _wait_for(lambda: len(launched) >= 4)
+    # --top-k 2, one running: trial 2 stays in the top 2 whatever it brings, trial 3 may not
+    assert sorted(launched) == [0, 0, 1, 2] and 3 not in launched
+    early.finish()  # nothing running any more: trial 3's run goes out now
+    assert sorted(launched) == [0, 0, 1, 2, 3]
 
 
 def test_no_early_run_once_every_trial_has_finished_or_on_one_slot(monkeypatch) -> None:
@@ -302,7 +322,7 @@ def test_with_a_real_study_the_round_counts_the_early_run_and_runs_it_no_more(
             "study": "s",
             "storage": url,
             "runs_dir": str(tmp_path / "runs"),
-            "top_k": 1,
+            "top_k": 2,  # one trial running cannot push the fastest out of the top 2
             "reverify": 1,
         },
         default_device="cpu",
@@ -318,7 +338,7 @@ def test_with_a_real_study_the_round_counts_the_early_run_and_runs_it_no_more(
             early.finish()
             assert launched == [("reverify-0000-0", "cpu", True)]
             assert [m.trial_number for m in store.measurements("s", kind="reverify")] == [0]
-            job = first_round(searcher.study.get_trials(deepcopy=False), search, 2)[0][0]
+            job = first_round(searcher.study.get_trials(deepcopy=False), search, 2)[0].job
             (runs,) = searcher.fresh_batch([job], runs=1)
             assert [r.cold_caches for r in runs] == [True] and len(launched) == 1
         finally:

@@ -8,16 +8,16 @@ the issue wants within 180 s). On one H200, two of four slots were idle for the 
 the trials (`benchmarks/results/h200-determinism-2026-11-29/`).
 
 So once no trial is left to start, and while some still run, each slot that no trial holds
-runs what the first round would run with the trials measured so far (`pin.first_round`): the
-``--top-k`` fastest fitting trials and the fitting references, each as many times as the
-first round would (its first run cold), every candidate's first run before any second one,
-then the runs of the report's references that no candidate shares. Each run is stored as a
-``reverify`` of its trial as it comes in, exactly as a round stores it, and the rounds then
-count it (`fresh.stored_runs`) instead of running it again. A candidate that a later trial
-pushes out of the top-k keeps its runs (counted if the walk reaches it): they took slots that
-were idle. Before the rounds start, the runs still going are waited for
-(`EarlyRound.finish`); none starts once every trial has finished (the rounds then run all of
-theirs at once).
+runs what the first round will surely run (`pin.first_round`): the fitting references, the
+runs of the report's references that no candidate shares, and those of the ``--top-k``
+fastest fitting trials that the trials still running cannot push out of it (with ``--top-k
+3`` and one trial running, the two fastest), each as many times as the round would (its
+first run cold), every first run before any second one. Each run is stored as a
+``reverify`` of its trial as it comes in, exactly as a round stores it, and the round then
+counts it (`fresh.stored_runs`) instead of running it again. When the last trial has
+finished (`EarlyRound.finish`), the rest of the round's runs go out beside those still going,
+and all are waited for before the rounds start; where no run started early, the rounds run
+as ever.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import optuna
 
 from budgettune.storage.user_attrs import WORKER_ATTR
 from budgettune.study.fresh import FreshJob, launcher, run_batch, stored_runs
-from budgettune.study.pin import first_round
+from budgettune.study.pin import RoundRun, first_round
 from budgettune.study.spec import SearchSpec
 from budgettune.study.target import NextStep, TrialCount
 from budgettune.trial.results import TrialResult
@@ -47,11 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FirstRound = Callable[
-    [Sequence[optuna.trial.FrozenTrial], SearchSpec, int], list[tuple[FreshJob, int, bool]]
-]
-"""What the first round would run, how many runs of each, and whether it is a candidate (not
-a reference re-measured for the report only): `pin.first_round`."""
+FirstRound = Callable[[Sequence[optuna.trial.FrozenTrial], SearchSpec, int], list[RoundRun]]
+"""What the first round would run (`pin.first_round`)."""
 
 
 def idle_slots(
@@ -111,7 +108,7 @@ class EarlyRound:
         self._keep_done()
         # only while trials run (with none left, the rounds run every run at once)
         if len(self.searcher.devices) > 1 and count.next_step() is NextStep.WAIT:
-            started = self._start_runs(report=True)
+            started = self._start_runs(running=count.running)
             if started:
                 self.searcher.observer.notice(
                     f"re-verifying trial{'s' if len(started) > 1 else ''} "
@@ -127,23 +124,27 @@ class EarlyRound:
             return
         while True:
             self._keep_done()
-            self._start_runs(report=False)
+            self._start_runs(running=None)
             if not sum(self._busy.values()):
                 return
             self._keep(self._done.get())  # a slot frees
 
-    def _start_runs(self, *, report: bool) -> list[int]:
+    def _start_runs(self, *, running: int | None) -> list[int]:
         """Start the plan's runs on the idle slots, every job's first run before any second
-        one (``report``: the report's references' runs too): the trials they are of."""
+        one: the trials they are of. While ``running`` trials may still come in, only what
+        the round will surely run: the references, and the candidates no later trial can push
+        out of the top-k (of ``--top-k 3`` with 2 trials running, the fastest); once none runs
+        (None), every candidate, and no run for the report only."""
         searcher = self.searcher
         trials = searcher.study.get_trials(deepcopy=False)
         idle = idle_slots(trials, searcher.devices, self._busy, socket.gethostname())
         if not idle:
             return []
+        sure = searcher.search.top_k - (running or 0)
         plan = [
-            (job, runs)
-            for job, runs, candidate in self._plan(trials, searcher.search, searcher.fresh_slots)
-            if candidate or report
+            (run.job, run.runs)
+            for run in self._plan(trials, searcher.search, searcher.fresh_slots)
+            if (run.rank is None or run.rank < sure) and (running is not None or not run.report)
         ]
         kept = stored_runs(searcher.store, searcher.search.study_name, [j for j, _ in plan])
         started = []

@@ -14,6 +14,7 @@ configuration without offload that fit.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import optuna
 
@@ -194,28 +195,46 @@ def report_alongside(
     return [j for j in _reference_jobs(trials, report, {})[1] if j.number not in numbers]
 
 
+class RoundRun(NamedTuple):
+    """One configuration of the first round (`first_round`)."""
+
+    job: FreshJob
+    runs: int
+    """How many runs the round gives it."""
+    rank: int | None
+    """Its place among the fitting trials (0: the fastest) when it is there as one of the
+    ``--top-k``; None for a reference (in the round whatever the trials still running bring)."""
+    report: bool
+    """A reference re-measured for the report only (no candidate shares it)."""
+
+
 def first_round(
     trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec, slots: int
-) -> list[tuple[FreshJob, int, bool]]:
+) -> list[RoundRun]:
     """What the re-verification's first round would run with the trials measured so far, as
     `reverify_until_one_fits` runs it on ``slots`` fresh-run slots: the ``--top-k`` fastest
     fitting trials and the fitting references, as many runs each as the round holds (a cold
     first run for each where they all fit the slots at once, else for the fastest), then
-    ``--reverify-runs`` of the report's references no candidate shares; each (job, runs, a
-    candidate or not). `budgettune.study.early_round` runs them on the slots the last trials
-    leave idle."""
+    ``--reverify-runs`` of the report's references no candidate shares.
+    `budgettune.study.early_round` runs them on the slots the last trials leave idle."""
     candidates = pin_candidates(trials, search)
     if not candidates:
         return []
-    batch = candidates[: max(1, search.top_k)]
-    batch += [c for c in fitting_references(trials, candidates).values() if c not in batch]
+    top = candidates[: max(1, search.top_k)]
+    batch = top + [c for c in fitting_references(trials, candidates).values() if c not in top]
     at_once = first_round_runs(search.reverify_runs, slots, len(batch))
     _, report = report_references(trials, search)
     return [
-        (candidate_job(c, cold=i == 0 or len(batch) <= slots), at_once, True)
+        RoundRun(
+            candidate_job(c, cold=i == 0 or len(batch) <= slots),
+            at_once,
+            i if i < len(top) else None,
+            False,
+        )
         for i, c in enumerate(batch)
     ] + [
-        (job, search.reverify_runs, False) for job in report_alongside(trials, report, candidates)
+        RoundRun(job, search.reverify_runs, None, True)
+        for job in report_alongside(trials, report, candidates)
     ]
 
 
