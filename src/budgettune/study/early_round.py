@@ -9,7 +9,7 @@ the trials (`benchmarks/results/h200-determinism-2026-11-29/`).
 
 So once no trial is left to start, and while some still run, each slot that no trial holds
 runs what the first round will surely run (`pin.first_round`): the fitting references, the
-runs of the report's references that no candidate shares, and those of the ``--top-k``
+report's references that no candidate shares (where the round has room for them), and those of the ``--top-k``
 fastest fitting trials that the trials still running cannot push out of it (with ``--top-k
 3`` and one trial running, the two fastest), each as many times as the round would (its
 first run cold), every first run before any second one. Each run is stored as a

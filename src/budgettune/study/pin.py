@@ -214,9 +214,9 @@ def first_round(
     """What the re-verification's first round would run with the trials measured so far, as
     `reverify_until_one_fits` runs it on ``slots`` fresh-run slots: the ``--top-k`` fastest
     fitting trials and the fitting references, as many runs each as the round holds (a cold
-    first run for each where they all fit the slots at once, else for the fastest), then
-    ``--reverify-runs`` of the report's references no candidate shares.
-    `budgettune.study.early_round` runs them on the slots the last trials leave idle."""
+    first run for each where they all fit the slots at once, else for the fastest), then as
+    many of the report's references that no candidate shares, where the round has room for
+    them too. `budgettune.study.early_round` runs them on the slots the last trials leave idle."""
     candidates = pin_candidates(trials, search)
     if not candidates:
         return []
@@ -224,7 +224,7 @@ def first_round(
     batch = top + [c for c in fitting_references(trials, candidates).values() if c not in top]
     at_once = first_round_runs(search.reverify_runs, slots, len(batch))
     _, report = report_references(trials, search)
-    return [
+    runs = [
         RoundRun(
             candidate_job(c, cold=i == 0 or len(batch) <= slots),
             at_once,
@@ -232,10 +232,11 @@ def first_round(
             False,
         )
         for i, c in enumerate(batch)
-    ] + [
-        RoundRun(job, search.reverify_runs, None, True)
-        for job in report_alongside(trials, report, candidates)
     ]
+    alongside = report_alongside(trials, report, candidates)
+    if (len(batch) + len(alongside)) * at_once > slots:
+        return runs  # the round has no room for them either: the later rounds take them
+    return runs + [RoundRun(job, at_once, None, True) for job in alongside]
 
 
 def pin_study(searcher: PinSteps) -> PinDocument:
