@@ -153,7 +153,9 @@ def summarize(folder: Path) -> list[str]:
         if "min_cut" not in record:
             continue
         cuts = " ".join(f"{c['saved']}:{c['saved_hash']}" for c in record["min_cut"])
-        knap = " ".join(f"{k['recomputed']}/{k['items']}:{k['runtime_hash']}" for k in record["knapsack"])
+        knap = " ".join(
+            f"{k['recomputed']}/{k['items']}:{k['runtime_hash']}" for k in record["knapsack"]
+        )
         code = " ".join(f"{c['kernels']}:{c['hash']}" for c in record["code"])
         lines.append(
             f"{path.parent.name}/{path.stem} seed={record['hash_seed']} cut=[{cuts}] "

@@ -88,8 +88,7 @@ def _search(**changes) -> SearchSpec:
         max_mem_bytes=100_000_000,
         study_name="s",
         space=SearchSpace.for_device("cuda"),
-        top_k=2,
-        **changes,
+        **{"top_k": 2, **changes},
     )
 
 
@@ -98,11 +97,11 @@ def test_the_first_round_is_the_top_k_and_the_references_then_the_report_baselin
     # one GPU, 4 slots: the two fastest and full block AC (a fitting reference), one cold run
     # each; then the over-limit baseline's three runs for the report
     plan = first_round(trials, _search(), 4)
-    assert [(r.job.number, r.job.cold, r.runs, r.rank, r.report) for r in plan] == [
-        (2, True, 1, 0, False),
-        (3, True, 1, 1, False),
-        (1, True, 1, None, False),  # a reference: in the round whatever comes in
-        (0, False, 1, None, True),  # the round has room for it: 4 runs on 4 slots
+    assert [(r.job.number, r.job.cold, r.runs, r.report) for r in plan] == [
+        (2, True, 1, False),
+        (3, True, 1, False),
+        (1, True, 1, False),  # a reference: in the round whatever comes in
+        (0, False, 1, True),  # the round has room for it: 4 runs on 4 slots
     ]
     assert plan[3].job.run_name == "reverify-unconstrained-0000"
     # four GPUs, 16 slots: the round holds three runs of each of the three
@@ -110,6 +109,31 @@ def test_the_first_round_is_the_top_k_and_the_references_then_the_report_baselin
     # two slots do not hold the three at once: only the fastest starts cold, and the report's
     # baseline waits for a later round (as the round has it)
     assert [r.job.cold for r in first_round(trials, _search(), 2)] == [True, False, False]
+
+
+def test_what_the_running_trials_may_change_is_left_out_of_the_first_round() -> None:
+    trials = _study_trials()
+
+    def plan(slots: int, running: int, top_k: int = 2) -> list[tuple[int, bool, int]]:
+        found = first_round(trials, _search(top_k=top_k), slots, running)
+        return [(r.job.number, r.job.cold, r.runs) for r in found]
+
+    # --top-k 2, one running: it may take trial 3's place (trial 2 stays in the top 2) and
+    # grow the batch to 4; on 16 slots every first run is cold whatever comes in, but the
+    # round may give each only 3 runs (16 // 4 is 4: capped at --reverify-runs 3)
+    assert plan(16, 1) == [(2, True, 3), (1, True, 3), (0, False, 3)]
+    # on 8 slots: 2 runs each at 4 (16 // 4 would be 4), the report's baseline has no room
+    assert plan(8, 1) == [(2, True, 2), (1, True, 2)]
+    # 4 slots hold the 4 the batch may grow to: all cold, one run each
+    assert plan(4, 1) == [(2, True, 1), (1, True, 1)]
+    # 3 in the batch fit 3 slots, 4 would not: whether each starts cold depends on what comes
+    assert plan(3, 1) == []
+    # 2 slots: cold only for the fastest, which a running trial may become: it waits
+    assert plan(2, 1) == [(1, False, 1)]
+    assert plan(2, 0) == [(2, True, 1), (3, False, 1), (1, False, 1)]
+    # two running with --top-k 2: no candidate is sure to stay, full block AC is; at 5 in
+    # the batch the baseline's 3 runs would not fit beside 5 x 3 on 16 slots
+    assert plan(16, 2) == [(1, True, 3)]
     assert first_round(trials[:1], _search(), 16) == []  # nothing fits yet: nothing to run
 
 
@@ -165,6 +189,9 @@ class _Searcher:
     def unconstrained(self):
         return None
 
+    def count(self) -> TrialCount:
+        return _count(finished=0, running=0)
+
     def keep_run(self, job: FreshJob, result: TrialResult, ref) -> TrialResult:
         self.kept.append((job.number, job.cold, result))
         self.store.kept.append((job, result))
@@ -199,47 +226,48 @@ def test_early_runs_start_on_idle_slots_and_the_round_is_completed_at_the_end(
     monkeypatch.setattr(early_round, "run_batch", run_batch)
     last = [_running("cuda:0"), _running("cuda:0")]
     trials = _study_trials() + last  # the last two trials still run
-    searcher = _Searcher(trials)
+    searcher = _Searcher(trials, devices=("cuda:0",) * 8)  # 8 trials a GPU
     said: list[str] = []
     searcher.observer.notice = said.append  # type: ignore[method-assign]
     warmed: list[int] = []
     early = EarlyRound(searcher, on_first_finished=lambda: warmed.append(1))  # type: ignore[arg-type]
 
-    early.poll(_count(finished=0, running=4, target=7))  # the start: nothing finished
+    early.poll(_count(finished=0, running=4, target=7))  # nothing finished yet
     early.poll(_count(finished=3, running=2, target=7))  # a trial left to start: none early
     assert launched == [] and warmed == [1]
-    early.poll(_count(finished=5, running=2, target=7))  # the last two run: 2 slots idle
-    _wait_for(lambda: len(launched) == 2)
-    # two trials could still push both candidates (--top-k 2) out: only what the round runs
-    # surely, full block AC's cold run and the over-limit baseline's first run (the report's)
-    assert sorted(launched) == [(0, False, "cuda:0", 0), (1, True, "cuda:0", 0)]
-    assert said == ["re-verifying trials 1, 0 on idle slots while the last trials run"]
-    early.poll(_count(finished=5, running=2, target=7))  # every slot held: nothing more
-    assert len(launched) == 2
-    # the trials end: the candidates' cold runs go out beside those still going, and all are
-    # stored for the round to count; the baseline's other runs are left to the rounds
+    early.poll(_count(finished=5, running=2, target=7))  # the last two run: 6 slots idle
+    _wait_for(lambda: len(launched) == 1)
+    # two trials could push both candidates (--top-k 2) out, and the baseline's runs may
+    # find no room: what the round surely runs is full block AC's cold run, one of its two
+    assert launched == [(1, True, "cuda:0", 0)]
+    assert said == ["re-verifying trial 1 on idle slots while the last trials run"]
+    early.poll(_count(finished=5, running=2, target=7))  # started already: nothing more
+    assert len(launched) == 1
+    # the trials end: the rest of the round (3 in the batch: 2 runs each on 8 slots, the
+    # first cold; the baseline's 2 with them) goes out beside it, all stored for the round
     for trial in last:
         trials.remove(trial)
     release.set()
     early.finish()
-    assert sorted(launched) == [
-        (0, False, "cuda:0", 0),
-        (1, True, "cuda:0", 0),
-        (2, True, "cuda:0", 0),
-        (3, True, "cuda:0", 0),
-    ]
-    assert sorted((n, cold) for n, cold, _ in searcher.kept) == [
+    assert sorted((n, cold) for n, cold, _, _ in launched) == [
         (0, False),
+        (0, False),
+        (1, False),
         (1, True),
+        (2, False),
         (2, True),
+        (3, False),
         (3, True),
     ]
+    repeats = sorted((n, repeat) for n, _, _, repeat in launched)
+    assert repeats == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+    assert len(searcher.kept) == 8
     assert early._busy == Counter({"cuda:0": 0}) and all(v == 0 for v in early._going.values())
-    plan = first_round(trials, searcher.search, searcher.fresh_slots)  # what the round counts
+    plan = first_round(trials, searcher.search, searcher.fresh_slots)  # the round's batch
     from budgettune.study.fresh import stored_runs
 
     counted = stored_runs(searcher.store, "s", [r.job for r in plan])  # type: ignore[arg-type]
-    assert [len(runs) for runs in counted] == [1, 1, 1, 1]
+    assert [len(runs) for runs in counted] == [2, 2, 2, 2]
 
 
 def test_with_one_trial_running_the_fastest_cannot_be_pushed_out(monkeypatch) -> None:
@@ -254,10 +282,10 @@ def test_with_one_trial_running_the_fastest_cannot_be_pushed_out(monkeypatch) ->
     searcher = _Searcher(trials)
     early = EarlyRound(searcher)  # type: ignore[arg-type]
     early.poll(_count(finished=5, running=1, target=6))
-    _wait_for(lambda: len(launched) >= 3)
+    _wait_for(lambda: len(launched) >= 2)
     # --top-k 2, one running: trial 2 stays in the top 2 whatever it brings, trial 3 may not
-    assert sorted(launched) == [0, 1, 2] and 3 not in launched
-    early.finish()  # nothing running any more: trial 3's run goes out now
+    assert sorted(launched) == [1, 2]  # the baseline's run may find no room if one comes
+    early.finish()  # nothing running any more: trial 3's run goes out now, the baseline's too
     assert sorted(launched) == [0, 1, 2, 3]
 
 
@@ -344,3 +372,42 @@ def test_with_a_real_study_the_round_counts_the_early_run_and_runs_it_no_more(
             assert [r.cold_caches for r in runs] == [True] and len(launched) == 1
         finally:
             searcher.claim.close()
+
+
+@pytest.mark.parametrize("slots", [2, 3, 4, 8, 16])
+def test_with_no_trial_running_the_plan_is_what_the_round_asks_for_first(slots: int) -> None:
+    """`pin.first_round` mirrors `reverify_until_one_fits`'s first batch: the same jobs, cold
+    starts and runs, the report's baseline where the round takes it."""
+    from budgettune.study.pin import (
+        fitting_references,
+        pin_candidates,
+        report_alongside,
+        report_references,
+        reverify_until_one_fits,
+    )
+
+    trials = _study_trials()
+    search = _search()
+    asked: list[list[tuple[int, bool, int]]] = []
+
+    class Round:
+        def __init__(self) -> None:
+            self.search, self.fresh_slots = search, slots
+            self.observer = SearchObserver()
+
+        def fresh_batch(self, jobs, runs=None):
+            asked.append([(job.number, job.cold, runs) for job in jobs])
+            return [
+                [run_result(90_000_000, 10.0 + job.number, cold=job.cold)] * runs for job in jobs
+            ]
+
+    candidates = pin_candidates(trials, search)
+    _, report = report_references(trials, search)
+    reverify_until_one_fits(
+        Round(),  # type: ignore[arg-type]
+        candidates,
+        list(fitting_references(trials, candidates).values()),
+        alongside=report_alongside(trials, report, candidates),
+    )
+    plan = first_round(trials, search, slots)
+    assert [(r.job.number, r.job.cold, r.runs) for r in plan] == asked[0]

@@ -8,11 +8,12 @@ the issue wants within 180 s). On one H200, two of four slots were idle for the 
 the trials (`benchmarks/results/h200-determinism-2026-11-29/`).
 
 So once no trial is left to start, and while some still run, each slot that no trial holds
-runs what the first round will surely run (`pin.first_round`): the fitting references, the
-report's references that no candidate shares (where the round has room for them), and those of the ``--top-k``
-fastest fitting trials that the trials still running cannot push out of it (with ``--top-k
-3`` and one trial running, the two fastest), each as many times as the round would (its
-first run cold), every first run before any second one. Each run is stored as a
+runs what the first round will surely run whatever those trials bring (`pin.first_round`):
+the fitting references, the report's references that no candidate shares (where the round
+has room for them), and those of the ``--top-k`` fastest fitting trials that the trials
+still running cannot push out of it (with ``--top-k 3`` and one trial running, the two
+fastest), each as many times as the round surely gives it (its first run cold where the
+round's would be), every first run before any second one. Each run is stored as a
 ``reverify`` of its trial as it comes in, exactly as a round stores it, and the round then
 counts it (`fresh.stored_runs`) instead of running it again. When the last trial has
 finished (`EarlyRound.finish`), the rest of the round's runs go out beside those still going,
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from budgettune.storage.trials import UNCONSTRAINED, record_of
 from budgettune.storage.user_attrs import WORKER_ATTR
 from budgettune.study.fresh import FreshJob, launcher, run_batch, stored_runs
 from budgettune.study.pin import RoundRun, first_round
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FirstRound = Callable[[Sequence[optuna.trial.FrozenTrial], SearchSpec, int], list[RoundRun]]
+FirstRound = Callable[[Sequence[optuna.trial.FrozenTrial], SearchSpec, int, int], list[RoundRun]]
 """What the first round would run (`pin.first_round`)."""
 
 
@@ -64,9 +66,15 @@ def idle_slots(
         for t in trials
         if t.state == optuna.trial.TrialState.RUNNING
     )
+    free = {
+        device: max(0, slots - running[f"{host}:{device}"] - busy[device])
+        for device, slots in Counter(devices).items()
+    }
     idle: list[str] = []
-    for device, slots in Counter(devices).items():
-        idle += [device] * max(0, slots - running[f"{host}:{device}"] - busy[device])
+    while any(free.values()):  # the freest device first, then the next: spread over the GPUs
+        device = max(free, key=lambda d: free[d])
+        idle.append(device)
+        free[device] -= 1
     return idle
 
 
@@ -87,10 +95,14 @@ class EarlyRound:
         self.searcher = searcher
         self._on_first = on_first_finished
         self._plan = plan
-        self._start: int | None = None
+        self._start = searcher.count().finished  # before the workers start
+        self._on = True  # off after an error of its own: the rounds then run as ever
         self._busy: Counter[str] = Counter()
         self._going: Counter[str] = Counter()  # runs going, by job (its run folders' name)
         self._launched: Counter[str] = Counter()  # runs started, by job
+        self._cold_going: set[str] = set()  # jobs whose cold run is going
+        self._repeats: dict[str, set[int]] = {}  # run folder numbers taken, by job
+        self._given_up: set[str] = set()  # jobs an early run of which raised
         self._done: queue.SimpleQueue[tuple[FreshJob, str, TrialResult | BaseException]] = (
             queue.SimpleQueue()
         )
@@ -99,73 +111,98 @@ class EarlyRound:
 
     def poll(self, count: TrialCount) -> None:
         """After a poll of the study: tell the first finished trial, store the runs that
-        came in, and start runs on the idle slots once no trial is left to start."""
-        if self._start is None:
-            self._start = count.finished
+        came in, and start runs on the idle slots once no trial is left to start. An error
+        of its own (the database busy, say) is logged and turns it off: never the search's."""
         if self._on_first is not None and count.finished > self._start:
             self._on_first()
             self._on_first = None
         self._keep_done()
         # only while trials run (with none left, the rounds run every run at once)
-        if len(self.searcher.devices) > 1 and count.next_step() is NextStep.WAIT:
+        if not self._on or len(self.searcher.devices) <= 1:
+            return
+        if count.next_step() is not NextStep.WAIT:
+            return
+        try:
             started = self._start_runs(running=count.running)
-            if started:
-                self.searcher.observer.notice(
-                    f"re-verifying trial{'s' if len(started) > 1 else ''} "
-                    f"{', '.join(map(str, started))} on idle slots while the last trials run"
-                )
+        except Exception:  # noqa: BLE001 - the search goes on without it
+            logger.warning("early re-verification runs stopped", exc_info=True)
+            self._on = False
+            return
+        if started:
+            self.searcher.observer.notice(
+                f"re-verifying trial{'s' if len(started) > 1 else ''} "
+                f"{', '.join(map(str, started))} on idle slots while the last trials run"
+            )
 
     def finish(self) -> None:
         """Once every trial has finished: where runs started early, the rest of the first
-        round's candidate runs go out as the round would run them (beside those still going,
-        each on a slot as one frees), and all are waited for and stored, for the round to
-        count; where none did, nothing (the round runs as ever)."""
+        round goes out as the round would run it (beside those still going, each on a slot as
+        one frees), and all are waited for and stored, for the round to count; where none
+        did, nothing (the round runs as ever)."""
         if not self.started:
             return
         while True:
             self._keep_done()
-            self._start_runs(running=None)
+            if self._on:
+                try:
+                    self._start_runs(running=0)
+                except Exception:  # noqa: BLE001 - the round runs what is missing
+                    logger.warning("early re-verification runs stopped", exc_info=True)
+                    self._on = False
             if not sum(self._busy.values()):
                 return
             self._keep(self._done.get())  # a slot frees
 
-    def _start_runs(self, *, running: int | None) -> list[int]:
-        """Start the plan's runs on the idle slots, every job's first run before any second
-        one: the trials they are of. While ``running`` trials may still come in, only what
-        the round will surely run: the references, and the candidates no later trial can push
-        out of the top-k (of ``--top-k 3`` with 2 trials running, the fastest); once none runs
-        (None), every candidate, and no run for the report only."""
+    def _start_runs(self, *, running: int) -> list[int]:
+        """Start what the first round will surely run (`pin.first_round`, with ``running``
+        trials still to come in) on the idle slots, every job's first run before any second
+        one: the trials they are of."""
         searcher = self.searcher
         trials = searcher.study.get_trials(deepcopy=False)
-        idle = idle_slots(trials, searcher.devices, self._busy, socket.gethostname())
-        if not idle:
+        if any(
+            t.state == optuna.trial.TrialState.RUNNING
+            and (WORKER_ATTR not in t.user_attrs or record_of(t).baseline == UNCONSTRAINED)
+            for t in trials
+        ):
+            # a trial not yet placed holds a slot this cannot see; a run checked against the
+            # unconstrained baseline's numerics waits for it
             return []
-        sure = searcher.search.top_k - (running or 0)
+        idle = idle_slots(trials, searcher.devices, self._busy, socket.gethostname())
         plan = [
-            (run.job, run.runs)
-            for run in self._plan(trials, searcher.search, searcher.fresh_slots)
-            if (run.rank is None or run.rank < sure) and (running is not None or not run.report)
+            r
+            for r in self._plan(trials, searcher.search, searcher.fresh_slots, running)
+            if r.job.run_name not in self._given_up
         ]
-        kept = stored_runs(searcher.store, searcher.search.study_name, [j for j, _ in plan])
+        if not idle or not plan:
+            return []
+        kept = stored_runs(searcher.store, searcher.search.study_name, [r.job for r in plan])
         started = []
-        for level in range(max((runs for _, runs in plan), default=0)):
-            for (job, runs), old in zip(plan, kept, strict=True):
-                have = len(old) + self._going[job.run_name]
+        for level in range(max(r.runs for r in plan)):
+            for (job, runs, _), old in zip(plan, kept, strict=True):
+                name = job.run_name
+                have = len(old) + self._going[name]
                 # at most the round's runs of a job from here, whatever came of them (a
                 # failed or uncounted one is the round's to run again)
-                if idle and have == level < runs and self._launched[job.run_name] < runs:
-                    cold = job.cold and have == 0  # only a first run may start cold
-                    self._launch(dataclasses.replace(job, cold=cold), idle.pop(0), repeat=have)
+                if idle and have == level < runs and self._launched[name] < runs:
+                    # as `fresh.cold_once`: cold where none of its runs is or was
+                    cold = job.cold and name not in self._cold_going
+                    cold = cold and not any(r.cold_caches for r in old)
+                    self._launch(dataclasses.replace(job, cold=cold), idle.pop(0), old)
                     started.append(job.number)
         self.started += started
         return started
 
-    def _launch(self, job: FreshJob, device: str, *, repeat: int) -> None:
+    def _launch(self, job: FreshJob, device: str, old: Sequence[TrialResult]) -> None:
         searcher = self.searcher
         search = searcher.search
         launch = launcher(
             search.trial_timeout_s, searcher.servers, searcher.cpu_shares, search.trials_per_gpu
         )
+        taken = self._repeats.setdefault(job.run_name, set())
+        repeat = len(old)  # the next run folder no run of this job has or had
+        while repeat in taken or (searcher.runs_dir / f"{job.run_name}-{repeat}").exists():
+            repeat += 1
+        taken.add(repeat)
 
         def make_run(spec: TrialSpec) -> TrialRun:
             return dataclasses.replace(search.trial_run(spec), device=device)
@@ -189,6 +226,8 @@ class EarlyRound:
         self._busy[device] += 1
         self._going[job.run_name] += 1
         self._launched[job.run_name] += 1
+        if job.cold:
+            self._cold_going.add(job.run_name)
         thread = threading.Thread(target=work, name=f"early {job.run_name}", daemon=True)
         thread.start()
 
@@ -200,11 +239,17 @@ class EarlyRound:
                 return
 
     def _keep(self, done: tuple[FreshJob, str, TrialResult | BaseException]) -> None:
-        """Store one run that came in (a failed one is logged: a round runs it again)."""
+        """Store one run that came in; one that raised, or that cannot be stored, is logged
+        (the round runs it again) and no more of its job starts early."""
         job, device, outcome = done
         self._busy[device] -= 1
         self._going[job.run_name] -= 1
-        if isinstance(outcome, BaseException):
-            logger.warning("an early run of trial %d failed: %s", job.number, outcome)
-            return
-        self.searcher.keep_run(job, outcome, self.searcher.unconstrained())
+        if job.cold:
+            self._cold_going.discard(job.run_name)
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            self.searcher.keep_run(job, outcome, self.searcher.unconstrained())
+        except Exception as exc:  # noqa: BLE001 - the round measures it
+            logger.warning("an early run of trial %d failed: %s", job.number, exc)
+            self._given_up.add(job.run_name)

@@ -200,43 +200,47 @@ class RoundRun(NamedTuple):
 
     job: FreshJob
     runs: int
-    """How many runs the round gives it."""
-    rank: int | None
-    """Its place among the fitting trials (0: the fastest) when it is there as one of the
-    ``--top-k``; None for a reference (in the round whatever the trials still running bring)."""
+    """How many runs the round surely gives it (the first one cold where ``job.cold``)."""
     report: bool
     """A reference re-measured for the report only (no candidate shares it)."""
 
 
 def first_round(
-    trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec, slots: int
+    trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec, slots: int, running: int = 0
 ) -> list[RoundRun]:
-    """What the re-verification's first round would run with the trials measured so far, as
-    `reverify_until_one_fits` runs it on ``slots`` fresh-run slots: the ``--top-k`` fastest
-    fitting trials and the fitting references, as many runs each as the round holds (a cold
-    first run for each where they all fit the slots at once, else for the fastest), then as
-    many of the report's references that no candidate shares, where the round has room for
-    them too. `budgettune.study.early_round` runs them on the slots the last trials leave idle."""
+    """What the re-verification's first round will surely run, as `reverify_until_one_fits`
+    runs it on ``slots`` fresh-run slots, whatever the ``running`` trials still bring: the
+    ``--top-k`` fastest fitting trials and the fitting references, as many runs each as the
+    round holds, a cold first run for each where they all fit the slots at once, else for the
+    fastest; then as many of the report's references that no candidate shares, where the
+    round has room for them too. A running trial may take a place in the top-k (so only the
+    first ``top_k - running`` candidates are sure to stay), grow the batch by one (fewer runs
+    each, fewer cold starts, less room) and become the fastest (the fastest's cold start is
+    then another's): what one of them could change is left out, and the counts are the least
+    the round can give. `budgettune.study.early_round` runs them on the slots the last trials
+    leave idle; with no trial running, this is the round's first batch exactly."""
     candidates = pin_candidates(trials, search)
     if not candidates:
         return []
     top = candidates[: max(1, search.top_k)]
     batch = top + [c for c in fitting_references(trials, candidates).values() if c not in top]
-    at_once = first_round_runs(search.reverify_runs, slots, len(batch))
+    low, high = len(batch), len(batch) + running
+    runs = first_round_runs(search.reverify_runs, slots, high)
+    sure_ranks = search.top_k - running
+    plan = []
+    for i, candidate in enumerate(batch):
+        if i < len(top) and i >= sure_ranks:
+            continue  # a running trial may push it out of the top-k
+        all_cold = high <= slots  # every first run cold, whatever comes in
+        if not all_cold and (low <= slots or (i == 0 and running)):
+            continue  # cold or not depends on what comes in
+        plan.append(RoundRun(candidate_job(candidate, cold=all_cold or i == 0), runs, False))
     _, report = report_references(trials, search)
-    runs = [
-        RoundRun(
-            candidate_job(c, cold=i == 0 or len(batch) <= slots),
-            at_once,
-            i if i < len(top) else None,
-            False,
-        )
-        for i, c in enumerate(batch)
-    ]
     alongside = report_alongside(trials, report, candidates)
-    if (len(batch) + len(alongside)) * at_once > slots:
-        return runs  # the round has no room for them either: the later rounds take them
-    return runs + [RoundRun(job, at_once, None, True) for job in alongside]
+    if any((n + len(alongside)) * first_round_runs(search.reverify_runs, slots, n) > slots
+           for n in range(low, high + 1)):  # fmt: skip
+        return plan  # the round may have no room for them: the later rounds take them
+    return plan + [RoundRun(job, runs, True) for job in alongside]
 
 
 def pin_study(searcher: PinSteps) -> PinDocument:
