@@ -110,3 +110,35 @@ def small_study(path: Path, study_attrs: Mapping[str, Any]) -> Path:
     study._storage.set_trial_system_attr(trial._trial_id, "constraints", [-1.0])
     study.tell(trial, 12.5)
     return path
+
+
+def measured_trial(
+    number: int,
+    spec: TrialSpec,
+    *,
+    fits: bool,
+    ms: float,
+    label: str | None = None,
+    peaks: tuple[int, int] = (90, 200),
+) -> Any:
+    """A finished trial as a search stores it: ``ok``, ``ms`` a step, at the first of
+    ``peaks`` (fits: COMPLETE) or the second (does not: PRUNED), a baseline where ``label``
+    names one."""
+    import optuna
+
+    peak = peaks[0] if fits else peaks[1]
+    attrs: dict[str, Any] = {
+        "outcome": "ok",
+        "spec": spec.to_json_dict(),
+        "peak_device_bytes": peak,
+        "peak_allocated_bytes": peak,
+        "peak_reserved_bytes": peak,
+        "step_time_ms": ms,
+        "constraint": [-1.0 if fits else 1.0],
+    }
+    if label is not None:
+        attrs["baseline"] = label
+    state = optuna.trial.TrialState.COMPLETE if fits else optuna.trial.TrialState.PRUNED
+    made = optuna.trial.create_trial(value=ms, user_attrs=attrs, state=state)
+    made.number = number
+    return made

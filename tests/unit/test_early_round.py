@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from storage_samples import run_result
+from storage_samples import measured_trial, run_result
 
 from budgettune.study import early_round
 from budgettune.study.early_round import EarlyRound, idle_slots
@@ -49,22 +49,9 @@ def test_idle_slots_are_the_slots_no_running_trial_or_early_run_holds() -> None:
 
 
 def _trial(number: int, spec: TrialSpec, *, fits: bool, ms: float, label: str | None = None):
-    attrs = {
-        "outcome": "ok",
-        "spec": spec.to_json_dict(),
-        "peak_device_bytes": 90_000_000 if fits else 200_000_000,
-        "peak_allocated_bytes": 90_000_000 if fits else 200_000_000,
-        "peak_reserved_bytes": 90_000_000 if fits else 200_000_000,
-        "step_time_ms": ms,
-        "constraint": [-1.0 if fits else 1.0],
-    }
-    if label is not None:
-        attrs["baseline"] = label
-    made = optuna.trial.create_trial(
-        value=ms, user_attrs=attrs, state=State.COMPLETE if fits else State.PRUNED
+    return measured_trial(
+        number, spec, fits=fits, ms=ms, label=label, peaks=(90_000_000, 200_000_000)
     )
-    made.number = number
-    return made
 
 
 def _study_trials() -> list[optuna.trial.FrozenTrial]:

@@ -106,15 +106,21 @@ def test_p9_5_verify_refuses_an_unknown_op_before_any_run(
     assert not list(tmp_path.glob("budgettune-runs/**/RESULT.json"))  # nothing ran
 
 
-def test_p9_6_a_deeply_nested_value_is_one_bounded_line() -> None:
-    import budgettune
-
+def _deep_list(depth: int = 3000) -> list[object]:
+    """A list ``depth`` lists deep (its repr recurses past Python's limit)."""
     deep: list[object] = []
     cur = deep
-    for _ in range(3000):
+    for _ in range(depth):
         nxt: list[object] = []
         cur.append(nxt)
         cur = nxt
+    return deep
+
+
+def test_p9_6_a_deeply_nested_value_is_one_bounded_line() -> None:
+    import budgettune
+
+    deep = _deep_list()
     assert len(shown_value(deep)) <= 80
     for keyword in ("top_k", "gpus", "options", "sampler", "margin"):
         with pytest.raises(BudgettuneError) as caught:
@@ -136,12 +142,7 @@ def test_every_refusal_that_quotes_a_value_bounds_it_however_deep_it_nests() -> 
     from budgettune.trial.spec import TrialSpec
     from budgettune.workload_builtins import check_builtin_bounds
 
-    deep: list[object] = []
-    cur = deep
-    for _ in range(3000):
-        nxt: list[object] = []
-        cur.append(nxt)
-        cur = nxt
+    deep = _deep_list()
     calls = [
         lambda: check_builtin_bounds("builtin:tiny-gpt", {"n_layers": deep}),
         lambda: check_builtin_bounds("builtin:tiny-gpt", {"seed": deep}),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from storage_samples import run_result
+from storage_samples import measured_trial, run_result
 
 from budgettune.pinning import Candidate, allocator_advice, fits_limit, margin_violation_bytes
 from budgettune.study.pin import MAX_CANDIDATES, margin_advice, reverify_until_one_fits
@@ -278,30 +278,12 @@ def test_of_two_within_the_noise_the_lighter_is_pinned() -> None:
 
 
 def test_fitting_references_are_the_candidates_sharing_their_configuration() -> None:
-    import optuna
 
     from budgettune.storage.trials import FULL_AC, OP_SAC, UNCONSTRAINED, feasible_candidates
     from budgettune.study.pin import fitting_references
 
     def trial(number: int, spec: TrialSpec, label: str | None, fits: bool) -> object:
-        attrs = {
-            "outcome": "ok",
-            "spec": spec.to_json_dict(),
-            "peak_device_bytes": 90 if fits else 200,
-            "peak_allocated_bytes": 90 if fits else 200,
-            "peak_reserved_bytes": 90 if fits else 200,
-            "step_time_ms": 10.0 + number,
-            "constraint": [-1.0 if fits else 1.0],
-        }
-        if label is not None:
-            attrs["baseline"] = label
-        made = optuna.trial.create_trial(
-            value=10.0 + number,
-            user_attrs=attrs,
-            state=optuna.trial.TrialState.COMPLETE if fits else optuna.trial.TrialState.PRUNED,
-        )
-        made.number = number
-        return made
+        return measured_trial(number, spec, fits=fits, ms=10.0 + number, label=label)
 
     full_ac = TrialSpec(block_ac_every=1)
     trials = [
