@@ -84,11 +84,11 @@ def test_the_first_round_is_the_top_k_and_the_references_then_the_report_baselin
     # one GPU, 4 slots: the two fastest and full block AC (a fitting reference), one cold run
     # each; then the over-limit baseline's three runs for the report
     plan = first_round(trials, _search(), 4)
-    assert [(r.job.number, r.job.cold, r.runs, r.report) for r in plan] == [
-        (2, True, 1, False),
-        (3, True, 1, False),
-        (1, True, 1, False),  # a reference: in the round whatever comes in
-        (0, False, 1, True),  # the round has room for it: 4 runs on 4 slots
+    assert [(r.job.number, r.job.cold, r.runs, r.job.check) for r in plan] == [
+        (2, True, 1, True),
+        (3, True, 1, True),
+        (1, True, 1, True),  # a reference: in the round whatever comes in
+        (0, False, 1, False),  # for the report (the numerics reference itself): room for it
     ]
     assert plan[3].job.run_name == "reverify-unconstrained-0000"
     # four GPUs, 16 slots: the round holds three runs of each of the three

@@ -36,7 +36,7 @@ import optuna
 
 from budgettune.storage.trials import UNCONSTRAINED, record_of
 from budgettune.storage.user_attrs import WORKER_ATTR
-from budgettune.study.fresh import FreshJob, launcher, run_batch, stored_runs
+from budgettune.study.fresh import FreshJob, cold_once, launcher, run_batch, stored_runs
 from budgettune.study.pin import RoundRun, first_round
 from budgettune.study.spec import SearchSpec
 from budgettune.study.target import NextStep, TrialCount
@@ -178,15 +178,15 @@ class EarlyRound:
         kept = stored_runs(searcher.store, searcher.search.study_name, [r.job for r in plan])
         started = []
         for level in range(max(r.runs for r in plan)):
-            for (job, runs, _), old in zip(plan, kept, strict=True):
+            for (job, runs), old in zip(plan, kept, strict=True):
                 name = job.run_name
                 have = len(old) + self._going[name]
                 # at most the round's runs of a job from here, whatever came of them (a
                 # failed or uncounted one is the round's to run again)
                 if idle and have == level < runs and self._launched[name] < runs:
-                    # as `fresh.cold_once`: cold where none of its runs is or was
-                    cold = job.cold and name not in self._cold_going
-                    cold = cold and not any(r.cold_caches for r in old)
+                    # cold where none of its runs was (`fresh.cold_once`) or is going
+                    [once] = cold_once([job], [old])
+                    cold = once.cold and name not in self._cold_going
                     self._launch(dataclasses.replace(job, cold=cold), idle.pop(0), old)
                     started.append(job.number)
         self.started += started

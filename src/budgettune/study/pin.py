@@ -201,8 +201,6 @@ class RoundRun(NamedTuple):
     job: FreshJob
     runs: int
     """How many runs the round surely gives it (the first one cold where ``job.cold``)."""
-    report: bool
-    """A reference re-measured for the report only (no candidate shares it)."""
 
 
 def first_round(
@@ -234,13 +232,13 @@ def first_round(
         all_cold = high <= slots  # every first run cold, whatever comes in
         if not all_cold and (low <= slots or (i == 0 and running)):
             continue  # cold or not depends on what comes in
-        plan.append(RoundRun(candidate_job(candidate, cold=all_cold or i == 0), runs, False))
+        plan.append(RoundRun(candidate_job(candidate, cold=all_cold or i == 0), runs))
     _, report = report_references(trials, search)
     alongside = report_alongside(trials, report, candidates)
     if any((n + len(alongside)) * first_round_runs(search.reverify_runs, slots, n) > slots
            for n in range(low, high + 1)):  # fmt: skip
         return plan  # the round may have no room for them: the later rounds take them
-    return plan + [RoundRun(job, runs, True) for job in alongside]
+    return plan + [RoundRun(job, runs) for job in alongside]
 
 
 def pin_study(searcher: PinSteps) -> PinDocument:

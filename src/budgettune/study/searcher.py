@@ -244,7 +244,7 @@ class Searcher:
                 ref=search.workload, options=search.workload_options, fingerprint=fingerprint
             )
         self.store.record_measurement(
-            study_name=self.search.study_name,
+            study_name=search.study_name,
             trial_number=number,
             kind=kind,
             workload_digest=digest,
