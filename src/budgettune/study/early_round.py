@@ -1,11 +1,11 @@
 """The re-verification's first runs, started on the slots the trials' tail leaves idle.
 
-A search's trials end unevenly. On four H200s the last four of 20 trials started only when
-the first slots freed, and compiled a whole model for 50-60 s while 12 of 16 slots sat idle;
-the re-verification's first round (a cold compile of each candidate, 55-59 s) began only
-after them (issue 44: the trials' phase 92-122 s, the re-verification 61-66 s, of a search
-the issue wants within 180 s). On one H200, two of four slots were idle for the last 55 s of
-the trials (`benchmarks/results/h200-determinism-2026-11-29/`).
+A search's trials end unevenly. In three 4-GPU searches of 20 trials on 16 slots (issue 44,
+`benchmarks/results/h200x4-fast-start-2026-11-28/`: 164-201 s of a search the issue wants
+within 180 s) the last trial or two ended 11-34 s after the others, with 14-15 slots idle,
+and the re-verification's first round (a cold compile of each candidate, 55-59 s) began only
+after them. On one H200, two of four slots were idle for the trials' last 55 s
+(`benchmarks/results/h200-determinism-2026-11-29/`).
 
 So once no trial is left to start, and while some still run, each slot that no trial holds
 runs what the first round will surely run whatever those trials bring (`pin.first_round`):
