@@ -2,7 +2,7 @@
 
 A search's trials end unevenly. In three 4-GPU searches of 20 trials on 16 slots (issue 44,
 `benchmarks/results/h200x4-fast-start-2026-11-28/`: 164-201 s of a search the issue wants
-within 180 s) the last trial or two ended 11-34 s after the others, with 14-15 slots idle,
+within 180 s) the last trial or two ended 9-41 s after the others, with 14-15 slots idle,
 and the re-verification's first round (a cold compile of each candidate, 55-59 s) began only
 after them. On one H200, two of four slots were idle for the trials' last 55 s
 (`benchmarks/results/h200-determinism-2026-11-29/`).
