@@ -149,8 +149,12 @@ def summarize(folder: Path) -> list[str]:
     """One line a probed process (its run named by the folder above its record)."""
     lines = []
     for path in sorted(folder.rglob("*.json")):
-        record = json.loads(path.read_text())
-        if "min_cut" not in record:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:  # a process killed while it wrote, say
+            lines.append(f"{path.parent.name}/{path.stem} unreadable: {exc}")
+            continue
+        if not isinstance(record, dict) or "min_cut" not in record:
             continue
         cuts = " ".join(f"{c['saved']}:{c['saved_hash']}" for c in record["min_cut"])
         knap = " ".join(
@@ -167,4 +171,6 @@ def summarize(folder: Path) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "summarize":
         sys.exit("usage: python -m benchmarks.partition_probe summarize DIR")
+    if not Path(sys.argv[2]).is_dir():
+        sys.exit(f"partition_probe: {sys.argv[2]} is not a folder of probe records")
     print("\n".join(summarize(Path(sys.argv[2]))))
