@@ -24,7 +24,9 @@
 #                  chooses); vs-gpt2m-scopes: their newest pins and grid30's seed-0 pin head to
 #                  head; job-gpt2m-regional, job-gpt2m-mixed: their pins in cold jobs;
 #                  gpt2m-mixed-b: the mixed search again (its own study and pin);
-#                  vs-gpt2m-mixed: the newest mixed pin against grid30's seed-0 pin;
+#                  vs-gpt2m-mixed: the newest mixed pin against grid30's seed-0 pin
+#                  (vs-gpt2m-mixed-b, -c, -probe and job-gpt2m-mixed-b, -c, -probe: that
+#                  search's newest pin);
 #                  gpt2m-mixed5, vs-gpt2m-mixed5, job-gpt2m-mixed5: the mixed search with
 #                  --trials-per-gpu 5 (its 20 trials at once on four GPUs), likewise;
 #                  gpt2m-mixed-c: a third mixed search; gpt2m-mixed16, job-gpt2m-mixed16: the
@@ -39,6 +41,10 @@
 #   determinism    the cache-programs configuration compiled afresh, caches of its own each:
 #                  four processes at once (hash seed random, then 0), then one alone twice;
 #                  benchmarks.partition_probe records each one's partition and code
+#   determinism-greedy   four at once, then one alone, for budget 0.1108 greedy, op AC every
+#                  block, as written: in two one-GPU searches (h200-determinism-2026-11-29,
+#                  h200-probe-2026-11-29) a cold run of that point (budget 0.1108 / 0.1282)
+#                  allocated 8,071,597,056 bytes where its trial allocated 8,879,000,576
 #   startup        NVML's set-up and the CLI's imports, timed in fresh processes
 #   cache-programs `budgettune trial` of GPT-2 medium at budget 0.0763, op AC every block, fused
 #                  (the 4-GPU mixed5 search's trial 14, 10.09 GB / 51.2 ms cold and 9.18 GB /
@@ -236,16 +242,16 @@ probe_site() {  # a folder whose sitecustomize puts benchmarks.partition_probe i
     mkdir -p /tmp/bt-probe-site
     printf 'import benchmarks.partition_probe as p\np.install()\n' > /tmp/bt-probe-site/sitecustomize.py
 }
-determinism() {  # one configuration compiled afresh in several processes: one program?
-    local out=$state/out/determinism root=/tmp/bt-determinism site=/tmp/bt-probe-site
+determinism() {  # STEP ROUNDS KNOB...: one configuration compiled afresh in several processes: one program?
+    local out=$state/out/$1 root=/tmp/bt-$1 site=/tmp/bt-probe-site rounds=$2
+    shift 2
     local opts=(--workload hf:gpt2 -o n_layer=24 -o n_embd=1024 -o n_head=16 -o batch_size=8
-                -o seq_len=1024 --device cuda --block-ac-every 1 --block-ac-policy op
-                --optimizer-impl fused --activation-memory-budget 0.0763 --json)
+                -o seq_len=1024 --device cuda --block-ac-every 1 --block-ac-policy op "$@" --json)
     rm -rf "$root" && mkdir -p "$out" && probe_site
     local round name seed count i repo=$PWD hs
-    # four at once (as a search's trials on one GPU: 4 compile workers each), with Python's
-    # hash seed random, then fixed, then one process alone, twice
-    for round in together:random:4 seed0:0:4 alone1:random:1 alone2:random:1; do
+    # ROUNDS: NAME:HASHSEED:PROCESSES each, the processes of a round at once (as a search's
+    # trials on one GPU: their compile workers split)
+    for round in $rounds; do
         IFS=: read -r name seed count <<< "$round"
         hs=()
         [ "$seed" = random ] || hs=("PYTHONHASHSEED=$seed")
@@ -258,7 +264,7 @@ determinism() {  # one configuration compiled afresh in several processes: one p
                 > "$out/$name-$i.json" 2> "$out/$name-$i.err" &
         done
         wait
-        echo "== determinism $name: $(date -u +%FT%TZ)"
+        echo "== ${out##*/} $name: $(date -u +%FT%TZ)"
     done
     python3 -m benchmarks.partition_probe summarize "$out/probe" > "$out/summary.txt" 2>&1
     python3 - "$out" >> "$out/summary.txt" <<'PY'
@@ -310,14 +316,17 @@ run_step() {
             python3 -m benchmarks.partition_probe summarize "$state/out/$1" > "$state/out/$1.probe.txt" 2>&1 ;;
         gpt2m-mixed16|gpt2m-mixed16-b) TORCHINDUCTOR_COMPILE_THREADS=16 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         warm) trial_json warm -w hf:gpt2 -o tiny=true -o batch_size=8 -o seq_len=128 ;;
-        vs-gpt2m-mixed) versus gpt2m-mixed "$(newest gpt2m-mixed)" "$grid30_s0" ;;
+        vs-gpt2m-mixed|vs-gpt2m-mixed-[bc]|vs-gpt2m-mixed-probe) versus "${1#vs-}" "$(newest "${1#vs-}")" "$grid30_s0" ;;
         gpt2m-mixed5) TRIALS_PER_GPU=5 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         vs-gpt2m-mixed5) versus gpt2m-mixed5 "$(newest gpt2m-mixed5)" "$grid30_s0" ;;
         startup) startup ;;
         cache-programs) cache_programs ;;
-        determinism) determinism ;;
+        determinism) determinism "$1" "together:random:4 seed0:0:4 alone1:random:1 alone2:random:1" \
+            --optimizer-impl fused --activation-memory-budget 0.0763 ;;
+        determinism-greedy) determinism "$1" "together:random:4 alone1:random:1" \
+            --optimizer-impl as_written --knapsack-solver greedy --activation-memory-budget 0.1108 ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
-        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-[bc]|job-gpt2m-mixed5|job-gpt2m-mixed16) job "${1#job-}" "$(newest "${1#job-}")" ;;
+        job-gpt2m-regional|job-gpt2m-mixed|job-gpt2m-mixed-[bc]|job-gpt2m-mixed5|job-gpt2m-mixed16|job-gpt2m-mixed-probe) job "${1#job-}" "$(newest "${1#job-}")" ;;
         vs-l1) before=$(newest l1-before)
                versus l1 "$(newest l1-after)" "${before:-$l1_before}" ;;
         vs-gpt2m) versus gpt2m "$(newest gpt2m-after)" "$grid30_s0" ;;
