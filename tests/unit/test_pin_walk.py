@@ -130,22 +130,68 @@ def test_a_lone_leader_on_noisy_runs_takes_every_round() -> None:
 
 
 def test_the_noise_is_read_from_the_runs() -> None:
-    from budgettune.study.reverify import MIN_NOISE, contenders, noise_of
+    from budgettune.study.reverify import MIN_NOISE, Noise, contenders, noise_of, noises_of
 
     [a, b] = _candidates(2, {0: 10.0, 1: 10.3})
     # b's fresh run came 5 % off its trial: the runs are that noisy, 10.3 is within 2 x 5 %
     runs = {0: [_result(90, 10.0)], 1: [_result(90, 10.3 * 1.05)]}
     assert noise_of([a, b], runs) == pytest.approx(0.05)
     ranked = [(10.0, a, runs[0]), (10.815, b, runs[1])]
-    assert contenders(ranked, noise_of([a, b], runs)) == [a, b]
+    assert contenders(ranked, noises_of([a, b], runs)) == [a, b]
     assert noise_of([a], {0: [_result(90, 10.0)]}) == MIN_NOISE
-    assert contenders(ranked, MIN_NOISE) == [a]
+    assert contenders(ranked, Noise({})) == [a]
+
+
+def test_one_configurations_noise_is_not_every_comparisons() -> None:
+    # 2026-11-29 (h200-probe-2026-11-29, gpt2m-mixed-b): trial 6's cold run compiled another
+    # program (60.85 ms against its trial's 55.18): 10 % read as the noise of every pair kept
+    # trial 8 (5.9 % behind the leader, its own runs within 1 %) for two more rounds
+    from budgettune.study.reverify import MIN_NOISE, contenders, noise_of, noises_of
+
+    times = {1: 64.34, 6: 55.18, 14: 51.81, 8: 54.9}
+    ref, six, leader, eight = (
+        Candidate(trial_number=n, spec=TrialSpec(seed=n), step_time_ms=ms, peak_bytes=90)
+        for n, ms in times.items()
+    )
+    runs = {1: [_result(90, 63.97)], 6: [_result(90, 60.85)], 14: [_result(90, 52.36)],
+            8: [_result(90, 55.45)]}  # fmt: skip
+    noise = noises_of([ref, six, leader, eight], runs)
+    assert noise_of([ref, six, leader, eight], runs) == pytest.approx(5.67 / 55.18, rel=0.01)
+    assert noise.between(leader, eight) == pytest.approx(0.55 / 51.81, rel=0.01)
+    assert noise.between(leader, six) == pytest.approx(5.67 / 55.18, rel=0.01)
+    assert noise.typical == pytest.approx((0.55 / 54.9 + 0.55 / 51.81) / 2, rel=0.01)
+    ranked = [(52.36, leader, runs[14]), (55.45, eight, runs[8]), (60.85, six, runs[6]),
+              (63.97, ref, runs[1])]  # fmt: skip
+    # six is 16 % behind but its own noise is 10 %: not yet told apart; eight is
+    assert contenders(ranked, noise) == [leader, six]
+    # with the noisy one's second run back at its trial's time, it falls behind too
+    runs[6].append(_result(90, 55.23))
+    runs[14].append(_result(90, 51.75))
+    noise = noises_of([ref, six, leader, eight], runs)
+    ranked = [(52.055, leader, runs[14]), (58.04, six, runs[6])]
+    assert contenders(ranked, noise) == [leader]
+    assert MIN_NOISE < noise.between(leader, leader) < 0.03  # settled: no third round
+
+
+def test_the_host_noise_is_the_floor_of_every_pair() -> None:
+    # two of three configurations' runs came 4 % off their trials: the host is that noisy, and
+    # a third whose one run happened to agree is compared with 4 %, not its own 0.1 %
+    from budgettune.study.reverify import contenders, noises_of
+
+    [a, b, c] = _candidates(3, {0: 10.0, 1: 10.6, 2: 10.3})
+    runs = {0: [_result(90, 10.01)], 1: [_result(90, 10.6 * 1.04)], 2: [_result(90, 10.3 * 1.04)]}
+    noise = noises_of([a, b, c], runs)
+    assert noise.typical == pytest.approx(0.04)
+    assert noise.between(a, a) == pytest.approx(0.04)
+    # c is 7.0 % behind (within 2 x 4 %), b 10.1 % (not)
+    ranked = [(10.01, a, runs[0]), (10.712, c, runs[2]), (11.024, b, runs[1])]
+    assert contenders(ranked, noise) == [a, c]
 
 
 def test_one_outlier_among_three_runs_is_not_the_noise() -> None:
     # issue 44, 4 x H200: trial 18's runs 68.5, 63.5, 63.5 ms read as 7.9 % noise, and full
     # block AC (63.0 ms) tied with trial 19 (59.2 ms, 6 % faster): the lighter was pinned
-    from budgettune.study.reverify import lightest_of_the_fastest, noise_of
+    from budgettune.study.reverify import lightest_of_the_fastest, noise_of, noises_of
 
     [ac, fast, other] = [
         Candidate(trial_number=n, spec=TrialSpec(seed=n), step_time_ms=ms, peak_bytes=peak)
@@ -159,7 +205,7 @@ def test_one_outlier_among_three_runs_is_not_the_noise() -> None:
     noise = noise_of([ac, fast, other], runs)
     assert noise == pytest.approx(0.4 / 62.6, rel=0.01)  # trial 1 against its median
     ranked = [(59.2, fast, runs[19]), (63.0, ac, runs[1]), (63.5, other, runs[18])]
-    assert lightest_of_the_fastest(ranked, noise, "device")[1] is fast
+    assert lightest_of_the_fastest(ranked, noises_of([ac, fast, other], runs), "device")[1] is fast
     # two runs of three far off are noise
     runs[18] = [_result(69, 68.5), _result(69, 68.4), _result(69, 63.5)]
     assert noise_of([other], runs) == pytest.approx(4.9 / 63.5, rel=0.01)

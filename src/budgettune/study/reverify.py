@@ -3,12 +3,18 @@ in fresh processes, in rounds, until one is ahead of the rest by more than the n
 
 Round 1 measures each of the ``--top-k`` fastest fitting candidates once (in parallel over the
 search's GPU slots). A later round re-measures only the leader and the candidates within
-twice the noise of it (`contenders`); the rounds stop when the leader stands alone and the
+twice the noise of it (`contenders`); the rounds stop when the leader stands alone and its
 noise is small (`SETTLED_NOISE`), or after ``--reverify-runs`` of them. The noise is read
-from the runs themselves (`noise_of`): how far a configuration's fresh runs fall from its
-trial and around their median, at least `MIN_NOISE`. A clear leader on quiet runs is thus
-pinned on one fresh run, two candidates within 1 % on up to
-``--reverify-runs`` each (issue 44: three runs of every candidate were half a search's wall).
+from the runs themselves (`noises_of`): how far each configuration's fresh runs fall from its
+trial and around their median; two candidates are compared with the larger of their own two,
+and at least the median of every candidate's (the host's) and `MIN_NOISE` (`Noise.between`).
+A clear leader on quiet runs is thus pinned on one fresh run, two candidates within 1 % on up
+to ``--reverify-runs`` each (issue 44: three runs of every candidate were half a search's
+wall). Why per pair: a low-budget point compiles to one of two programs 10 % apart in step
+time (`benchmarks/results/h200-probe-2026-11-29/`), and read as the noise of every comparison,
+its runs kept a candidate 6 % behind the leader in two more rounds (30 s of a 377-s one-GPU
+search; replayed on the seven committed one-GPU searches of 2026-11-29, that is the one round
+this saves, and every pin stays the same).
 
 The pin must state what a job on a fresh host peaks at, compile caches empty (on a cold cache
 autotuning and inductor's first-run state reserved 1.3-2 % more): the winner has one run that
@@ -42,19 +48,41 @@ pin's figures are medians, not one lucky or unlucky run."""
 Reverified = dict[int, list[TrialResult]]
 
 
-def noise_of(
+class Noise:
+    """The relative step-time noise of each re-measured candidate (by trial number), and what
+    it means for comparing two of them (`between`)."""
+
+    def __init__(self, own: Mapping[int, float]) -> None:
+        self.own = dict(own)
+        self.typical = max(MIN_NOISE, statistics.median(own.values()) if own else 0.0)
+        """The median of the candidates' own noise: the host's, whatever one configuration's
+        runs do."""
+
+    def between(self, a: Candidate, b: Candidate) -> float:
+        """The noise between the medians of ``a`` and ``b`` (``b`` may be ``a``: its own)."""
+        return max(
+            self.typical, self.own.get(a.trial_number, 0.0), self.own.get(b.trial_number, 0.0)
+        )
+
+    @property
+    def worst(self) -> float:
+        """The largest of them (`noise_of`)."""
+        return max([self.typical, *self.own.values()])
+
+
+def noises_of(
     candidates: Sequence[Candidate], reverified: Mapping[int, Sequence[TrialResult]]
-) -> float:
+) -> Noise:
     """The relative step-time noise the runs show, as it bears on comparing medians: per
-    candidate, how far the median of its fresh runs falls from its own trial, and how far its
-    fresh runs spread around that median, the farthest left out where there are three or more
-    (one outlier moves a median of three no more than it moves this); at least `MIN_NOISE`.
+    candidate with fresh runs, how far their median falls from its own trial, and how far they
+    spread around that median, the farthest left out where there are three or more (one
+    outlier moves a median of three no more than it moves this).
 
     Issue 44: on four GPUs one crowded run came 7.9 % off its two siblings (within 0.1 % of
     each other), and with the largest gap as the noise the search took a configuration 6 %
     faster for a tie and pinned the slower full block AC.
     """
-    gaps = [MIN_NOISE]
+    own = {}
     for candidate in candidates:
         times = [
             r.measurement.step_time_ms
@@ -65,8 +93,17 @@ def noise_of(
             continue
         middle = statistics.median(times)
         spread = sorted(_gap(ms, middle) for ms in times)
-        gaps += [_gap(candidate.step_time_ms, middle), *spread[: -1 if len(spread) >= 3 else None]]
-    return max(gaps)
+        gaps = [_gap(candidate.step_time_ms, middle), *spread[: -1 if len(spread) >= 3 else None]]
+        own[candidate.trial_number] = max(gaps)
+    return Noise(own)
+
+
+def noise_of(
+    candidates: Sequence[Candidate], reverified: Mapping[int, Sequence[TrialResult]]
+) -> float:
+    """The largest relative step-time noise of any candidate's runs (`noises_of`), at least
+    `MIN_NOISE`: what the search tells of the host (`pin.noise_notice`)."""
+    return noises_of(candidates, reverified).worst
 
 
 def _gap(a: float, b: float) -> float:
@@ -75,14 +112,19 @@ def _gap(a: float, b: float) -> float:
 
 
 def contenders(
-    ranked: Sequence[tuple[float, Candidate, list[TrialResult]]], noise: float
+    ranked: Sequence[tuple[float, Candidate, list[TrialResult]]], noise: Noise
 ) -> list[Candidate]:
     """The leader of ``ranked`` (qualified, fastest first) and every candidate whose median
-    is within twice ``noise`` of the leader's: those the runs so far cannot tell apart."""
+    is within twice the noise between them of the leader's: those the runs so far cannot
+    tell apart."""
     if not ranked:
         return []
-    leader_ms = ranked[0][0]
-    return [candidate for ms, candidate, _ in ranked if ms <= leader_ms * (1.0 + 2.0 * noise)]
+    leader_ms, leader, _ = ranked[0]
+    return [
+        candidate
+        for ms, candidate, _ in ranked
+        if ms <= leader_ms * (1.0 + 2.0 * noise.between(leader, candidate))
+    ]
 
 
 def candidate_job(candidate: Candidate, *, cold: bool = False) -> FreshJob:
@@ -158,20 +200,25 @@ def _rounds(
         for candidate, results in zip(pool, measured, strict=False):
             reverified[candidate.trial_number] = results
         ranked = _ranked(searcher, tried, reverified)
-        noise = noise_of(tried, reverified)
+        noise = noises_of(tried, reverified)
         pool = [c for c in contenders(ranked, noise) if c in batch]
-        if not pool or (len(pool) == 1 and noise <= SETTLED_NOISE):
+        if not pool or (len(pool) == 1 and noise.between(pool[0], pool[0]) <= SETTLED_NOISE):
             return
 
 
 def lightest_of_the_fastest(
-    ranked: Sequence[tuple[float, Candidate, list[TrialResult]]], noise: float, mem_metric: str
+    ranked: Sequence[tuple[float, Candidate, list[TrialResult]]], noise: Noise, mem_metric: str
 ) -> tuple[float, Candidate, list[TrialResult]]:
-    """The pick of ``ranked`` (qualified, fastest first): of those whose median is within
-    ``noise`` of the fastest's, which the runs cannot tell apart, the one with the lowest
-    worst peak (issue 45: two configurations of the same speed, the lighter one is pinned)."""
-    leader_ms = ranked[0][0]
-    tied = [entry for entry in ranked if entry[0] <= leader_ms * (1.0 + noise)]
+    """The pick of ``ranked`` (qualified, fastest first): of those whose median is within the
+    noise between them of the fastest's, which the runs cannot tell apart, the one with the
+    lowest worst peak (issue 45: two configurations of the same speed, the lighter one is
+    pinned)."""
+    leader_ms, leader, _ = ranked[0]
+    tied = [
+        entry
+        for entry in ranked
+        if entry[0] <= leader_ms * (1.0 + noise.between(leader, entry[1]))
+    ]
 
     def worst_peak(entry: tuple[float, Candidate, list[TrialResult]]) -> int:
         return max(r.measurement.peak_bytes(mem_metric) for r in entry[2] if r.measurement)
@@ -189,7 +236,7 @@ def _with_cold_run(
         ranked = _ranked(searcher, tried, reverified)
         if not ranked:
             return None
-        noise = noise_of(tried, reverified)
+        noise = noises_of(tried, reverified)
         _, leader, runs = lightest_of_the_fastest(ranked, noise, searcher.search.mem_metric)
         if any(r.cold_caches for r in runs) or not searcher.search.compile_cache:
             return leader, runs
