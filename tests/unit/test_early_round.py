@@ -107,8 +107,12 @@ def test_what_the_running_trials_may_change_is_left_out_of_the_first_round() -> 
 
     # --top-k 2, one running: it may take trial 3's place (trial 2 stays in the top 2) and
     # grow the batch to 4; on 16 slots every first run is cold whatever comes in, but the
-    # round may give each only 3 runs (16 // 4 is 4: capped at --reverify-runs 3)
-    assert plan(16, 1) == [(2, True, 3), (1, True, 3), (0, False, 3)]
+    # round may give each only 3 runs (16 // 4 is 4: capped at --reverify-runs 3); the round
+    # takes at most 12 slots (15 with the baseline's), so trial 3 gets its cold run now: if
+    # pushed out, it holds one slot the round does not need
+    assert plan(16, 1) == [(2, True, 3), (3, True, 1), (1, True, 3), (0, False, 3)]
+    # on 14 slots: the round with the baseline's may take 15: trial 3's run, not the baseline's
+    assert plan(14, 1) == [(2, True, 3), (3, True, 1), (1, True, 3)]
     # on 8 slots: 2 runs each at 4 (16 // 4 would be 4), the report's baseline has no room
     assert plan(8, 1) == [(2, True, 2), (1, True, 2)]
     # 4 slots hold the 4 the batch may grow to: all cold, one run each
@@ -119,8 +123,11 @@ def test_what_the_running_trials_may_change_is_left_out_of_the_first_round() -> 
     assert plan(2, 1) == [(1, False, 1)]
     assert plan(2, 0) == [(2, True, 1), (3, False, 1), (1, False, 1)]
     # two running with --top-k 2: no candidate is sure to stay, full block AC is; at 5 in
-    # the batch the baseline's 3 runs would not fit beside 5 x 3 on 16 slots
+    # the batch the baseline's 3 runs would not fit beside 5 x 3 on 16 slots, nor two runs
+    # the round might not need
     assert plan(16, 2) == [(1, True, 3)]
+    # on 24 slots they fit: each candidate's cold run goes now
+    assert plan(24, 2) == [(2, True, 1), (3, True, 1), (1, True, 3), (0, False, 3)]
     assert first_round(trials[:1], _search(), 16) == []  # nothing fits yet: nothing to run
 
 
@@ -274,6 +281,47 @@ def test_with_one_trial_running_the_fastest_cannot_be_pushed_out(monkeypatch) ->
     assert sorted(launched) == [1, 2]  # the baseline's run may find no room if one comes
     early.finish()  # nothing running any more: trial 3's run goes out now, the baseline's too
     assert sorted(launched) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("last_ms", "counted"), [(13.0, [2, 3, 1, 0]), (10.5, [2, 5, 1, 0])])
+def test_a_candidate_the_last_trial_may_push_out_starts_cold_on_four_gpus(
+    monkeypatch, last_ms: float, counted: list[int]
+) -> None:
+    # 16 slots (four GPUs, four trials each), the last trial still running: trial 3 (the
+    # second of --top-k 2) gets its cold run beside the sure ones; the last trial comes in
+    # slower (13 ms: trial 3 stays, its early run is the round's) or faster (10.5 ms: trial 5
+    # takes its place, trial 3's run is kept but not counted, trial 5's cold run goes out)
+    launched: list[tuple[int, bool]] = []
+
+    def run_batch(jobs, *, runs, make_run, runs_dir, devices, launch, on_phase, first_repeat):
+        [job] = jobs
+        launched.append((job.number, job.cold))
+        return [[run_result(90, 10.0, cold=job.cold)]]
+
+    monkeypatch.setattr(early_round, "run_batch", run_batch)
+    last = _running("cuda:3")
+    trials = _study_trials() + [last]
+    devices = tuple(f"cuda:{g}" for g in range(4) for _ in range(4))
+    searcher = _Searcher(trials, devices=devices)
+    early = EarlyRound(searcher)  # type: ignore[arg-type]
+    early.poll(_count(finished=5, running=1, target=6))
+    _wait_for(lambda: len(launched) >= 10)
+    first = sorted(launched)
+    # 3 runs of trial 2 and of full block AC (1), the baseline's 3, trial 3's cold one
+    expected = [(2, True), (2, False), (2, False), (1, True), (1, False), (1, False)]
+    assert first == sorted([*expected, (0, False), (0, False), (0, False), (3, True)])
+    trials.remove(last)
+    trials.append(_trial(5, TrialSpec(activation_memory_budget=0.7), fits=True, ms=last_ms))
+    early.finish()
+    plan = first_round(trials, searcher.search, searcher.fresh_slots)  # the round's batch
+    assert [r.job.number for r in plan] == counted
+    from budgettune.study.fresh import stored_runs
+
+    kept = stored_runs(searcher.store, "s", [r.job for r in plan])  # type: ignore[arg-type]
+    assert [len(runs) for runs in kept] == [r.runs for r in plan] == [3, 3, 3, 3]
+    assert [any(run.cold_caches for run in runs) for runs in kept[:3]] == [True] * 3
+    assert (3, True) in launched  # pushed out or not, its run was made (and stored)
+    assert len(launched) == 12 + (counted != [2, 3, 1, 0])  # trial 3's run wasted or not
 
 
 def test_no_early_run_once_every_trial_has_finished_or_on_one_slot(monkeypatch) -> None:

@@ -206,17 +206,22 @@ class RoundRun(NamedTuple):
 def first_round(
     trials: Sequence[optuna.trial.FrozenTrial], search: SearchSpec, slots: int, running: int = 0
 ) -> list[RoundRun]:
-    """What the re-verification's first round will surely run, as `reverify_until_one_fits`
-    runs it on ``slots`` fresh-run slots, whatever the ``running`` trials still bring: the
-    ``--top-k`` fastest fitting trials and the fitting references, as many runs each as the
-    round holds, a cold first run for each where they all fit the slots at once, else for the
-    fastest; then as many of the report's references that no candidate shares, where the
-    round has room for them too. A running trial may take a place in the top-k (so only the
-    first ``top_k - running`` candidates are sure to stay), grow the batch by one (fewer runs
-    each, fewer cold starts, less room) and become the fastest (the fastest's cold start is
-    then another's): what one of them could change is left out, and the counts are the least
-    the round can give. `budgettune.study.early_round` runs them on the slots the last trials
-    leave idle; with no trial running, this is the round's first batch exactly."""
+    """What the re-verification's first round will run, as `reverify_until_one_fits` runs it
+    on ``slots`` fresh-run slots, whatever the ``running`` trials still bring: the ``--top-k``
+    fastest fitting trials and the fitting references, as many runs each as the round holds,
+    a cold first run for each where they all fit the slots at once, else for the fastest;
+    then as many of the report's references that no candidate shares, where the round has
+    room for them too. A running trial may take a place in the top-k (so only the first
+    ``top_k - running`` candidates are sure to stay), grow the batch by one (fewer runs each,
+    fewer cold starts, less room) and become the fastest (the fastest's cold start is then
+    another's): what one of them could change is left out, and the counts are the least the
+    round can give; but where the round, however it turns out, leaves a slot free for each
+    running trial, a candidate that one may push out still gets its cold first run (one run:
+    at most one slot a running trial wasted, and the round holds the rest). In three of four
+    4-GPU searches of 2026-11-28 the last trial ended 9-24 s after the others and was no
+    candidate, and a round's wall is its slowest cold run: waiting for it cost that tail.
+    `budgettune.study.early_round` runs them on the slots the last trials leave idle; with no
+    trial running, this is the round's first batch exactly."""
     candidates = pin_candidates(trials, search)
     if not candidates:
         return []
@@ -224,19 +229,27 @@ def first_round(
     batch = top + [c for c in fitting_references(trials, candidates).values() if c not in top]
     low, high = len(batch), len(batch) + running
     runs = first_round_runs(search.reverify_runs, slots, high)
-    sure_ranks = search.top_k - running
-    plan = []
+    all_cold = high <= slots  # every first run cold, whatever comes in
+
+    def busiest(extra: int) -> int:  # the most slots the round can take, ``extra`` jobs added
+        return max((n + extra) * first_round_runs(search.reverify_runs, slots, n)
+                   for n in range(low, high + 1))  # fmt: skip
+
+    unsure_ok = all_cold and running > 0 and busiest(0) + running <= slots
+    plan, wasted = [], 0  # wasted: the slots runs of pushed-out candidates may hold
     for i, candidate in enumerate(batch):
-        if i < len(top) and i >= sure_ranks:
-            continue  # a running trial may push it out of the top-k
-        all_cold = high <= slots  # every first run cold, whatever comes in
+        unsure = search.top_k - running <= i < len(top)  # a running trial may push it out
+        if unsure and not unsure_ok:
+            continue
         if not all_cold and (low <= slots or (i == 0 and running)):
             continue  # cold or not depends on what comes in
-        plan.append(RoundRun(candidate_job(candidate, cold=all_cold or i == 0), runs))
+        plan.append(
+            RoundRun(candidate_job(candidate, cold=all_cold or i == 0), 1 if unsure else runs)
+        )
+        wasted = running if unsure else wasted
     _, report = report_references(trials, search)
     alongside = report_alongside(trials, report, candidates)
-    if any((n + len(alongside)) * first_round_runs(search.reverify_runs, slots, n) > slots
-           for n in range(low, high + 1)):  # fmt: skip
+    if busiest(len(alongside)) + wasted > slots:
         return plan  # the round may have no room for them: the later rounds take them
     return plan + [RoundRun(job, runs) for job in alongside]
 
