@@ -129,6 +129,14 @@ def test_what_the_running_trials_may_change_is_left_out_of_the_first_round() -> 
     # on 24 slots they fit: each candidate's cold run goes now
     assert plan(24, 2) == [(2, True, 1), (3, True, 1), (1, True, 3), (0, False, 3)]
     assert first_round(trials[:1], _search(), 16) == []  # nothing fits yet: nothing to run
+    # full block AC second fastest, one running, 4 slots (no room for a wasted run): pushed
+    # out of the top 2 or not, a reference stays in the round, so its run goes now
+    from budgettune.storage.trials import FULL_AC
+
+    fast_ac = [*trials[:1], _trial(1, TrialSpec(block_ac_every=1), fits=True, ms=10.5,
+               label=FULL_AC), *trials[2:]]  # fmt: skip
+    found = first_round(fast_ac, _search(), 4, running=1)
+    assert [(r.job.number, r.job.cold, r.runs) for r in found] == [(2, True, 1), (1, True, 1)]
 
 
 @dataclass

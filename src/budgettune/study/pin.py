@@ -226,7 +226,8 @@ def first_round(
     if not candidates:
         return []
     top = candidates[: max(1, search.top_k)]
-    batch = top + [c for c in fitting_references(trials, candidates).values() if c not in top]
+    references = list(fitting_references(trials, candidates).values())
+    batch = top + [c for c in references if c not in top]
     low, high = len(batch), len(batch) + running
     runs = first_round_runs(search.reverify_runs, slots, high)
     all_cold = high <= slots  # every first run cold, whatever comes in
@@ -238,7 +239,8 @@ def first_round(
     unsure_ok = all_cold and running > 0 and busiest(0) + running <= slots
     plan, wasted = [], 0  # wasted: the slots runs of pushed-out candidates may hold
     for i, candidate in enumerate(batch):
-        unsure = search.top_k - running <= i < len(top)  # a running trial may push it out
+        # a running trial may push it out of the top-k (a reference stays in the round)
+        unsure = search.top_k - running <= i < len(top) and candidate not in references
         if unsure and not unsure_ok:
             continue
         if not all_cold and (low <= slots or (i == 0 and running)):
