@@ -108,6 +108,38 @@ def test_each_result_is_finished_in_order_as_it_comes_and_missing_runs_only(
         assert len(launch.seen) == 3
 
 
+def test_a_cold_run_is_a_new_process_the_others_fork_from_the_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job on a fresh host is a new Python process: the cold run is one too (in two
+    searches a low-budget point's cold run forked from a server compiled a program 0.8 GB
+    lighter than five new processes did), the later runs fork from the search's servers."""
+    from budgettune.study import fresh
+
+    servers = object()
+    served: list[tuple[str, object]] = []
+
+    def launch_trial(run, *, run_dir, timeout_s, servers, extra_env):  # type: ignore[no-untyped-def]
+        served.append((run_dir.name, servers))
+        return TrialResult(outcome=TrialOutcome.CRASHED, error="")
+
+    monkeypatch.setattr(fresh, "launch_trial", launch_trial)
+    launch = fresh.launcher(60.0, servers)  # type: ignore[arg-type]
+    study_root = str(tmp_path / "compile-cache")
+    cold, warm = dataclasses.replace(_jobs(1)[0], cold=True), _jobs(2)[1]
+    run_batch(
+        [cold, warm], runs=2, runs_dir=tmp_path, devices=(), launch=launch,
+        on_phase=lambda _: None,
+        make_run=lambda spec: dataclasses.replace(_make_run(spec), cache_root=study_root),
+    )  # fmt: skip
+    assert served == [
+        ("reverify-0000-0", None),  # cold: a new process
+        ("reverify-0000-1", servers),
+        (f"{warm.run_name}-0", servers),
+        (f"{warm.run_name}-1", servers),
+    ]
+
+
 def test_a_cold_run_has_compile_caches_of_its_own_triton_included(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
