@@ -45,6 +45,10 @@
 #                  block, as written: in two one-GPU searches (h200-determinism-2026-11-29,
 #                  h200-probe-2026-11-29) a cold run of that point (budget 0.1108 / 0.1282)
 #                  allocated 8,071,597,056 bytes where its trial allocated 8,879,000,576
+#   fork-greedy    that point (its SPEC.json, h200-probe-2026-11-29/greedy-0.1108-SPEC.json)
+#                  by benchmarks.fork_program: four runs forked from trial servers at once,
+#                  then four new processes at once, caches of their own each, the probe on:
+#                  does the way a process starts change its program?
 #   startup        NVML's set-up and the CLI's imports, timed in fresh processes
 #   cache-programs `budgettune trial` of GPT-2 medium at budget 0.0763, op AC every block, fused
 #                  (the 4-GPU mixed5 search's trial 14, 10.09 GB / 51.2 ms cold and 9.18 GB /
@@ -323,6 +327,13 @@ run_step() {
         cache-programs) cache_programs ;;
         determinism) determinism "$1" "together:random:4 seed0:0:4 alone1:random:1 alone2:random:1" \
             --optimizer-impl fused --activation-memory-budget 0.0763 ;;
+        fork-greedy) probe_site
+            PYTHONPATH=/tmp/bt-probe-site:$PWD:$PYTHONPATH PARTITION_PROBE_OUT=$state/out/$1/probe \
+                TORCHINDUCTOR_COMPILE_THREADS=$((per_gpu / 4)) python3 -m benchmarks.fork_program \
+                benchmarks/results/h200-probe-2026-11-29/greedy-0.1108-SPEC.json \
+                --out "$state/out/$1" > "$state/out/$1.txt" 2>&1
+            python3 -m benchmarks.partition_probe summarize "$state/out/$1/probe" >> "$state/out/$1.txt" 2>&1
+            cat "$state/out/$1.txt" ;;
         determinism-greedy) determinism "$1" "together:random:4 alone1:random:1" \
             --optimizer-impl as_written --knapsack-solver greedy --activation-memory-budget 0.1108 ;;
         vs-gpt2m-scopes) versus gpt2m-scopes "$(newest gpt2m-regional)" "$(newest gpt2m-mixed)" "$grid30_s0" ;;
