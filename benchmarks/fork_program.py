@@ -34,13 +34,16 @@ def measure(
     run_spec: Path, out: Path, *, forked: int, fresh: int, at_once: int, timeout_s: float
 ) -> list[dict[str, object]]:
     """Each run's kind, folder and measurement (or outcome), the forked runs first."""
-    from budgettune.trial.launcher import launch_trial, trial_servers
+    from budgettune.trial.launcher import launch_trial, run_env, trial_servers
     from budgettune.trial.trial_run import TrialRun
 
     run = TrialRun.from_json_dict(json.loads(run_spec.read_text()))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, object]] = []
     servers = trial_servers(run, Path(tempfile.mkdtemp(prefix="bt-fork-servers-")))
+    if servers is not None and forked:  # one for each run of a batch, as a search's
+        servers.prestart([run_env(run)] * max(1, at_once))
+        servers.ready_wait_s = timeout_s  # a forked run waits for its server's imports
     try:
         for kind, count in (("forked", forked), ("fresh", fresh)):
 
@@ -57,9 +60,12 @@ def measure(
                 finally:
                     shutil.rmtree(folder / "caches", ignore_errors=True)  # compiled code only
                 m = result.measurement
+                log = folder / "trial.log"
                 return {
                     "kind": kind,
                     "run": folder.name,
+                    # what the launcher did: a pool that cannot serve starts a new process
+                    "served": log.exists() and "forked by trial server" in log.read_text(),
                     "outcome": result.outcome.value,
                     "peak_allocated_bytes": m.peak_allocated_bytes if m else None,
                     "step_time_ms": round(m.step_time_ms, 2) if m else None,

@@ -19,6 +19,11 @@ from budgettune.trial.trial_run import TrialRun
 
 class _Servers:
     closed = False
+    started = 0
+    ready_wait_s = 0.0
+
+    def prestart(self, envs) -> None:  # type: ignore[no-untyped-def]
+        self.started += len(envs)
 
     def close(self) -> None:
         self.closed = True
@@ -36,6 +41,8 @@ def test_forked_runs_come_from_the_servers_fresh_ones_do_not_each_in_its_own_cac
 
     def launch_trial(own, *, run_dir, timeout_s, servers):  # type: ignore[no-untyped-def]
         (run_dir / "caches").mkdir(parents=True)  # what a compile leaves there
+        if servers is not None:
+            (run_dir / "trial.log").write_text("forked by trial server 1 as 2\n")
         with lock:
             seen.append((run_dir.name, own.cache_root, servers is not None))
         if run_dir.name == "fresh-1":
@@ -53,9 +60,12 @@ def test_forked_runs_come_from_the_servers_fresh_ones_do_not_each_in_its_own_cac
     ]
     assert [row["run"] for row in rows] == ["forked-0", "forked-1", "fresh-0", "fresh-1"]
     assert rows[0] == {
-        "kind": "forked", "run": "forked-0", "outcome": "ok",
+        "kind": "forked", "run": "forked-0", "served": True, "outcome": "ok",
         "peak_allocated_bytes": 8_879_000_576, "step_time_ms": 55.18, "compile_s": 40.0,
     }  # fmt: skip
     assert rows[3]["outcome"] == "crashed" and rows[3]["peak_allocated_bytes"] is None
+    assert [row["served"] for row in rows] == [True, True, False, False]
+    assert servers.started == 2  # one a run of a batch, each forked run waits for its own
+    assert servers.ready_wait_s == 60.0
     assert servers.closed and not any((out / r["run"] / "caches").exists() for r in rows)
     assert [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()] == rows
