@@ -138,6 +138,16 @@ def test_a_cold_run_is_a_new_process_the_others_fork_from_the_servers(
         (f"{warm.run_name}-0", servers),
         (f"{warm.run_name}-1", servers),
     ]
+    # on a CPU a cold run forks too (one program either way there, and a new process cost
+    # the CPU demo 18 %)
+    served.clear()
+    run_batch(
+        [cold], runs=1, runs_dir=tmp_path, devices=(), launch=launch, on_phase=lambda _: None,
+        make_run=lambda spec: dataclasses.replace(
+            _make_run(spec), device="cpu", cache_root=study_root
+        ),
+    )  # fmt: skip
+    assert served == [("reverify-0000-0", servers)]
 
 
 def test_a_cold_run_has_compile_caches_of_its_own_triton_included(

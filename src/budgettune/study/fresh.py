@@ -44,14 +44,14 @@ class FreshJob:
     check: bool = True
     """Compare each run's numerics with the study's reference."""
     cold: bool = False
-    """Its first run is a new process (never forked from a trial server) with empty compile
-    caches of its own, Triton's included, as a job on a fresh host (its later runs share the
-    study's caches and may fork). Issue 44: with the study's Triton cache kept, one such run of
-    a pinned configuration compiled a program 0.8 GB lighter and 8 % slower than the same
-    configuration's other runs, and the pin understated its cold job's peak by 0.9 %
-    (benchmarks/results/h200-compile-threads-2026-11-29/); forked from a server with caches of
-    its own, a low-budget point's cold run compiled that lighter program in two searches where
-    five new processes all compiled the job's heavier one
+    """Its first run is a new process on a GPU (never forked from a trial server: `launcher`)
+    with empty compile caches of its own, Triton's included, as a job on a fresh host (its
+    later runs share the study's caches and may fork). Issue 44: with the study's Triton
+    cache kept, one such run of a pinned configuration compiled a program 0.8 GB lighter and
+    8 % slower than the same configuration's other runs, and the pin understated its cold
+    job's peak by 0.9 % (benchmarks/results/h200-compile-threads-2026-11-29/); forked from a
+    server with caches of its own, a low-budget point's cold run compiled that lighter program
+    in two searches where five new processes all compiled the job's heavier one
     (benchmarks/results/h200-probe-2026-11-29/)."""
 
 
@@ -161,14 +161,20 @@ def launcher(
     cpu_shares: Mapping[str, str] | None = None,
     sharing: int = 1,
 ) -> Launch:
-    """`launch_trial` with the search's timeout and trial servers (a cold run, in caches of its
-    own, starts as a new process: `FreshJob.cold`); a run on a device that ``cpu_shares``
-    names keeps to that share of the cores, and ``sharing`` runs a GPU split its compile
-    workers (`budgettune.trial.cpu_cores.share_env`)."""
+    """`launch_trial` with the search's timeout and trial servers (a cold run on a GPU, in
+    caches of its own, starts as a new process: `FreshJob.cold`); a run on a device that
+    ``cpu_shares`` names keeps to that share of the cores, and ``sharing`` runs a GPU split
+    its compile workers (`budgettune.trial.cpu_cores.share_env`).
+
+    On a CPU a cold run still forks: the two programs were seen on GPUs only (a fork and a new
+    process compiled one program on CPU: benchmarks/results/cpu-fork-program-2026-11-29.txt),
+    and a new process made the CPU demo's search 18 % slower (its one cold run)."""
 
     def launch(run: TrialRun, run_dir: Path) -> TrialResult:
         extra = share_env((cpu_shares or {}).get(run.device), sharing)
-        cold = run.cache_root is not None and Path(run.cache_root).name == COLD_CACHES
+        cold = (
+            run.is_cuda and run.cache_root is not None and Path(run.cache_root).name == COLD_CACHES
+        )
         return launch_trial(
             run,
             run_dir=run_dir,
