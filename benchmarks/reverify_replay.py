@@ -111,7 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("archives", nargs="+", type=Path, help="logs-runs-<study>.tgz files")
     args = parser.parse_args(argv)
     for archive in args.archives:
-        trials, kept = kept_runs(archive)
+        try:
+            trials, kept = kept_runs(archive)
+        except tarfile.TarError as exc:
+            raise OSError(
+                f"{archive}: not a search's logs archive (a .tgz of run folders)"
+            ) from exc
         runs = {n: times for n, times in kept.items() if n in trials}
         if not runs:
             print(f"{archive}: no re-verification runs")

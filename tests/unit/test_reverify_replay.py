@@ -57,3 +57,19 @@ def test_the_command_prints_both_rules(tmp_path: Path, capsys) -> None:  # type:
     out = capsys.readouterr().out
     assert "largest  rounds [[1, 6, 8, 14], [14, 8, 6], [14, 8]]" in out
     assert "pair     rounds [[1, 6, 8, 14], [14, 6]]: leader trial 14" in out
+
+
+def test_a_file_that_is_no_archive_is_one_error_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "logs.tgz"
+    bad.write_text("not a tar")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.reverify_replay", str(bad)],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"error: {bad}: not a search's logs archive (a .tgz of run folders)"
+    ]
