@@ -92,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--at-once", type=int, default=4)
     parser.add_argument("--timeout-s", type=float, default=900.0)
     args = parser.parse_args(argv)
+    if min(args.forked, args.fresh) < 0 or args.forked + args.fresh == 0 or args.at_once < 1:
+        parser.error("--forked and --fresh are counts (at least one run in all), --at-once >= 1")
+    if not args.timeout_s > 0:
+        parser.error("--timeout-s must be positive")
     rows = measure(
         args.spec,
         args.out,

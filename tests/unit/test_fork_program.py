@@ -69,3 +69,23 @@ def test_forked_runs_come_from_the_servers_fresh_ones_do_not_each_in_its_own_cac
     assert servers.ready_wait_s == 60.0
     assert servers.closed and not any((out / r["run"] / "caches").exists() for r in rows)
     assert [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()] == rows
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--forked", "-1"],
+        ["--forked", "0", "--fresh", "0"],
+        ["--at-once", "0"],
+        ["--timeout-s", "0"],
+    ],
+)
+def test_counts_that_run_nothing_are_refused_in_one_line(
+    tmp_path: Path, flags: list[str], capsys
+) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exit_info:
+        fork_program.main([str(tmp_path / "SPEC.json"), "--out", str(tmp_path / "out"), *flags])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ": error: --" in last and ("counts" in last or "positive" in last)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
