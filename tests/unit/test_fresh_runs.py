@@ -67,6 +67,16 @@ def test_runs_spread_over_every_device_one_at_a_time_each(tmp_path: Path) -> Non
     assert phases[-1].endswith("6 runs on 2 devices (6/6)")
 
 
+def test_progress_counts_runs_and_slots_in_words(tmp_path: Path) -> None:
+    # one GPU of four trial slots re-measuring one reference: not "1 runs on 4 devices"
+    phases: list[str] = []
+    run_batch(
+        _jobs(1), runs=1, make_run=_make_run, runs_dir=tmp_path,
+        devices=("cuda:0",) * 4, launch=_Launcher(), on_phase=phases.append,
+    )  # fmt: skip
+    assert phases[-1].endswith(": 1 run on 4 slots of 1 device (1/1)")
+
+
 def test_one_device_runs_one_after_another_on_the_searchs_device(tmp_path: Path) -> None:
     launch = _Launcher()
     phases: list[str] = []

@@ -142,9 +142,21 @@ def run_batch(
             task: pool.submit(one, *task) for task in tasks
         }
         for done, (index, repeat) in enumerate(tasks, start=1):
-            on_phase(f"{names}: {len(tasks)} runs on {len(devices)} devices ({done}/{len(tasks)})")
+            on_phase(f"{names}: {_runs_on(len(tasks), devices)} ({done}/{len(tasks)})")
             keep(index, repeat, futures[(index, repeat)].result())
     return [[r for r in rs if r is not None] for rs in results]
+
+
+def _runs_on(runs: int, devices: Sequence[str]) -> str:
+    """The progress words for ``runs`` runs ("1 run on 4 slots of 1 device", "6 runs on 2
+    devices"): ``devices`` names a device once a slot (`Searcher.devices`)."""
+
+    def count(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    held = count(len(set(devices)), "device")
+    where = held if len(devices) == len(set(devices)) else f"{len(devices)} slots of {held}"
+    return f"{count(runs, 'run')} on {where}"
 
 
 def cold_once(jobs: Sequence[FreshJob], kept: Sequence[Sequence[TrialResult]]) -> list[FreshJob]:
