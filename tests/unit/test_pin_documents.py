@@ -210,3 +210,39 @@ def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() 
     assert "9.20 ms (median of re-measurements, 9.00-9.50 ms)" in text
     assert "(median of 2 runs, 8.00-8.40 ms) (does not fit the limit)" in text
     assert "the pin is this configuration" in text
+
+
+def test_the_pin_table_of_one_cold_run_says_so_without_worst_or_median() -> None:
+    # a one-GPU search re-measured its pin once, cold: it printed "worst of 1 run, 1 of them
+    # with empty compile caches" and "median of re-measurements" (2026-11-29)
+    from io import StringIO
+
+    from rich.console import Console
+
+    from budgettune.pinning import ReferenceTrial, build_pin
+
+    cold = ok_result().replace(cold_caches=True)
+    pin = build_pin(
+        scope=PinScope(
+            study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cpu",
+            limit_bytes=15_000_000_000, mem_metric="device", margin=0.03,
+        ),
+        candidate=Candidate(trial_number=1, spec=TrialSpec(block_ac_every=1), step_time_ms=9.0,
+                            peak_bytes=1),
+        reverify_results=[cold],
+        baseline=ReferenceTrial(
+            spec=TrialSpec(), peak_bytes=19_000_000_000, peak_device_bytes=19_000_000_000,
+            step_time_ms=8.0,
+        ),
+        baseline_results=[ok_result()],
+        baseline_status="over_limit",
+        trials=4,
+    )  # fmt: skip
+    assert pin.measured.runs == 1 and pin.measured.cold_runs == 1
+    out = StringIO()
+    Console(file=out, width=200).print(pin_table(pin))
+    text = out.getvalue()
+    assert "(1 run, with empty compile caches, as on a fresh host), set in" in text
+    assert "ms (1 re-measurement)" in text
+    assert " peak x 1.03 (the margin)" in text
+    assert "worst" not in text and "median of re-measurements" not in text

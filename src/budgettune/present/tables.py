@@ -141,33 +141,35 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
     if pin.model_changes:
         table.add_row("model changed", ", ".join(pin.model_changes))
     table.add_row("limit", f"{format_bytes(pin.limit_bytes)} ({metric})")
-    cold = (
-        f", {measured.cold_runs} of them with empty compile caches, as on a fresh host"
-        if measured.cold_runs
-        else ""
-    )
-    table.add_row(
-        f"peak {metric}",
-        f"{format_bytes(measured.peak_worst_bytes)} worst of {_runs(measured.runs)}{cold} "
-        f"(median {format_bytes(measured.peak_median_bytes)}), set in {measured.peak_phase}",
-    )
-    table.add_row(
-        "step time",
-        f"{measured.step_time_ms:.2f} ms (median of re-measurements"
-        + (
+    if measured.runs == 1:  # one re-measurement: no worst, median or spread to speak of
+        fresh = ", with empty compile caches, as on a fresh host" if measured.cold_runs else ""
+        peak = f"{format_bytes(measured.peak_worst_bytes)} (1 run{fresh})"
+        step = f"{measured.step_time_ms:.2f} ms (1 re-measurement)"
+    else:
+        cold = (
+            f", {measured.cold_runs} of them with empty compile caches, as on a fresh host"
+            if measured.cold_runs
+            else ""
+        )
+        peak = (
+            f"{format_bytes(measured.peak_worst_bytes)} worst of {_runs(measured.runs)}{cold} "
+            f"(median {format_bytes(measured.peak_median_bytes)})"
+        )
+        step = f"{measured.step_time_ms:.2f} ms (median of re-measurements" + (
             f", {_spread(measured.step_time_range_ms)})"
             if measured.step_time_range_ms is not None and (measured.runs or 0) > 1
             else f", slowest {measured.step_time_worst_ms:.2f} ms)"
             if (measured.runs or 0) > 1
             else ")"
-        ),
-    )
+        )
+    table.add_row(f"peak {metric}", f"{peak}, set in {measured.peak_phase}")
+    table.add_row("step time", step)
     samples = samples_line(pin)
     if samples:  # a micro-batch of the search's (issue 46)
         table.add_row("samples/s", samples)
     table.add_row(
         "fits",
-        f"worst peak x {1 + pin.margin:.2f} (the margin) "
+        f"{'peak' if measured.runs == 1 else 'worst peak'} x {1 + pin.margin:.2f} (the margin) "
         f"= {format_bytes(int(measured.peak_worst_bytes * (1 + pin.margin)))}"
         f" <= {format_bytes(pin.limit_bytes)}",
     )
