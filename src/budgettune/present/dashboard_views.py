@@ -329,10 +329,12 @@ def study_note(
             ),
             "| | |",
             "|---|---|",
-            f"| peak {pin.mem_metric} (worst of {runs} re-measurements) "
+            f"| peak {pin.mem_metric} ("
+            + ("1 re-measurement" if runs == 1 else f"worst of {runs} re-measurements")
+            + ") "
             f"| {format_bytes(peak)}{share}, set in {measured.peak_phase or '?'} |",
             f"| limit | {format_bytes(pin.limit_bytes)} ({pin.mem_metric}) |",
-            f"| step time (median) | {measured.step_time_ms:.2f} ms |",
+            f"| step time{'' if runs == 1 else ' (median)'} | {measured.step_time_ms:.2f} ms |",
             *_batch_rows(pin),
             f"| slowdown vs unconstrained | {slowdown} |",
             *vs_full_ac,
