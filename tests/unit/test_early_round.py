@@ -117,10 +117,11 @@ def test_what_the_running_trials_may_change_is_left_out_of_the_first_round() -> 
     assert plan(8, 1) == [(2, True, 2), (1, True, 2)]
     # 4 slots hold the 4 the batch may grow to: all cold, one run each
     assert plan(4, 1) == [(2, True, 1), (1, True, 1)]
-    # 3 in the batch fit 3 slots, 4 would not: whether each starts cold depends on what comes
-    assert plan(3, 1) == []
-    # 2 slots: cold only for the fastest, which a running trial may become: it waits
-    assert plan(2, 1) == [(1, False, 1)]
+    # 3 in the batch fit 3 slots, 4 would not: each starts cold as if none joined (one that
+    # joins only takes cold starts away: a cold run more at worst); trial 3 may be pushed out
+    assert plan(3, 1) == [(2, True, 1), (1, True, 1)]
+    # 2 slots: cold only for the fastest (a running trial may become it: a cold run more)
+    assert plan(2, 1) == [(2, True, 1), (1, False, 1)]
     assert plan(2, 0) == [(2, True, 1), (3, False, 1), (1, False, 1)]
     # two running with --top-k 2: no candidate is sure to stay, full block AC is; at 5 in
     # the batch the baseline's 3 runs would not fit beside 5 x 3 on 16 slots, nor two runs
@@ -289,6 +290,30 @@ def test_with_one_trial_running_the_fastest_cannot_be_pushed_out(monkeypatch) ->
     assert sorted(launched) == [1, 2]  # the baseline's run may find no room if one comes
     early.finish()  # nothing running any more: trial 3's run goes out now, the baseline's too
     assert sorted(launched) == [0, 1, 2, 3]
+
+
+def test_on_one_gpu_the_sure_cold_runs_start_beside_the_last_trial(monkeypatch) -> None:
+    # one H200, four slots, --top-k 3 (2026-11-29, h200-new-cold-2026-11-29): with the last
+    # trial running, the batch (3 candidates and full block AC) fills the four slots only if
+    # it does not join, and the early round started nothing while slots stood idle 50-62 s
+    launched: list[tuple[int, bool]] = []
+
+    def run_batch(jobs, **kwargs):
+        launched.append((jobs[0].number, jobs[0].cold))
+        return [[run_result(90, 10.0, cold=jobs[0].cold)]]
+
+    monkeypatch.setattr(early_round, "run_batch", run_batch)
+    trials = _study_trials() + [_running("cuda:0")]  # three slots idle
+    searcher = _Searcher(trials, search=_search(top_k=3))
+    early = EarlyRound(searcher)  # type: ignore[arg-type]
+    early.poll(_count(finished=5, running=1, target=6))
+    _wait_for(lambda: len(launched) >= 3)
+    # the two fastest (sure to stay in the top 3) and full block AC, cold; the third may be
+    # pushed out and the baseline may find no room: they wait for the trial
+    assert sorted(launched) == [(1, True), (2, True), (3, True)]
+    trials.pop()  # the trial ends (no candidate): the rest of the round goes out, cold
+    early.finish()  # (the baseline's run has no room in it: a later round's, as on the GPU)
+    assert sorted(launched) == [(1, True), (2, True), (3, True), (4, True)]
 
 
 @pytest.mark.parametrize(("last_ms", "counted"), [(13.0, [2, 3, 1, 0]), (10.5, [2, 5, 1, 0])])

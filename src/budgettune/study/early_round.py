@@ -13,7 +13,8 @@ the fitting references, the report's references that no candidate shares (where 
 has room for them), and those of the ``--top-k`` fastest fitting trials that the trials
 still running cannot push out of it (with ``--top-k 3`` and one trial running, the two
 fastest), each as many times as the round surely gives it (its first run cold where the
-round's would be), every first run before any second one; where the round leaves a slot
+round's would be if no running trial joined it: on one GPU of four slots, a batch of four),
+every first run before any second one; where the round leaves a slot
 free for each running trial however it turns out (four GPUs: 16 slots, a round of 12-15
 runs), the others of the top-k get their cold first run too: a round waits for its slowest
 cold run, so one that waited for the last trial cost its whole tail (9-24 s in three of four

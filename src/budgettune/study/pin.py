@@ -212,12 +212,16 @@ def first_round(
     a cold first run for each where they all fit the slots at once, else for the fastest;
     then as many of the report's references that no candidate shares, where the round has
     room for them too. A running trial may take a place in the top-k (so only the first
-    ``top_k - running`` candidates are sure to stay), grow the batch by one (fewer runs each,
-    fewer cold starts, less room) and become the fastest (the fastest's cold start is then
-    another's): what one of them could change is left out, and the counts are the least the
-    round can give; but where the round, however it turns out, leaves a slot free for each
-    running trial, a candidate that one may push out still gets its cold first run (one run:
-    at most one slot a running trial wasted, and the round holds the rest). In three of four
+    ``top_k - running`` candidates are sure to stay) and grow the batch by one (fewer runs
+    each, less room): what one of them could change is left out, and the counts are the least
+    the round can give. Cold is what the round gives if no running trial joins it: one that
+    joins can only take cold starts away (a batch past the slots, or a new fastest), so an
+    early cold run is at worst a cold run more (counted as one of the round's; on one GPU of
+    four slots, slots stood idle for the trials' last 50-62 s of a 380-410 s search,
+    `benchmarks/results/h200-new-cold-2026-11-29/`). But where the round, however it turns
+    out, leaves a slot free for each running trial, a candidate that one may push out still
+    gets its cold first run (one run: at most one slot a running trial wasted, and the round
+    holds the rest). In three of four
     4-GPU searches of 2026-11-28 the last trial ended 9-24 s after the others and was no
     candidate, and a round's wall is its slowest cold run: waiting for it cost that tail.
     `budgettune.study.early_round` runs them on the slots the last trials leave idle; with no
@@ -231,6 +235,7 @@ def first_round(
     low, high = len(batch), len(batch) + running
     runs = first_round_runs(search.reverify_runs, slots, high)
     all_cold = high <= slots  # every first run cold, whatever comes in
+    cold = low <= slots  # every first run cold if none of the running trials joins
 
     def busiest(extra: int) -> int:  # the most slots the round can take, ``extra`` jobs added
         return max((n + extra) * first_round_runs(search.reverify_runs, slots, n)
@@ -243,11 +248,7 @@ def first_round(
         unsure = search.top_k - running <= i < len(top) and candidate not in references
         if unsure and not unsure_ok:
             continue
-        if not all_cold and (low <= slots or (i == 0 and running)):
-            continue  # cold or not depends on what comes in
-        plan.append(
-            RoundRun(candidate_job(candidate, cold=all_cold or i == 0), 1 if unsure else runs)
-        )
+        plan.append(RoundRun(candidate_job(candidate, cold=cold or i == 0), 1 if unsure else runs))
         wasted = running if unsure else wasted
     _, report = report_references(trials, search)
     alongside = report_alongside(trials, report, candidates)
