@@ -33,6 +33,8 @@
 #                  mixed search with TORCHINDUCTOR_COMPILE_THREADS=16 (torch's own count on a
 #                  16-core share, as before each trial got its share / trials-per-gpu),
 #                  gpt2m-mixed16-b: again
+#   gpt2m-mixed8   the mixed search with 8 trials, not 20 (what fits a short device
+#                  budget: the early round's cold runs beside the last trials on one GPU)
 #   warm           one `budgettune trial` of a tiny GPT-2 (the host's bytecode written before
 #                  the first timed search)
 #   gpt2m-mixed-probe   the mixed search with benchmarks.partition_probe in every process
@@ -318,6 +320,8 @@ run_step() {
             PYTHONPATH=/tmp/bt-probe-site:$PWD:$PYTHONPATH PARTITION_PROBE_OUT=$state/out/$1 \
                 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks
             python3 -m benchmarks.partition_probe summarize "$state/out/$1" > "$state/out/$1.probe.txt" 2>&1 ;;
+        gpt2m-mixed8) search "$1" "${gpt2m[@]:0:${#gpt2m[@]}-4}" --num-trials 8 --seed 0 \
+            --compile-scopes model,blocks ;;
         gpt2m-mixed16|gpt2m-mixed16-b) TORCHINDUCTOR_COMPILE_THREADS=16 search "$1" "${gpt2m[@]}" --compile-scopes model,blocks ;;
         warm) trial_json warm -w hf:gpt2 -o tiny=true -o batch_size=8 -o seq_len=128 ;;
         vs-gpt2m-mixed|vs-gpt2m-mixed-[bc]|vs-gpt2m-mixed-probe) versus "${1#vs-}" "$(newest "${1#vs-}")" "$grid30_s0" ;;
