@@ -409,3 +409,34 @@ def test_report_references_join_the_first_round_whose_slots_hold_them() -> None:
     assert found is not None
     assert searcher.batches[:2] == [[0, 1, 2, 3], [0, 1, 9]]
     assert [len(searcher.runs[n]) for n in (0, 1, 2, 3, 9)] == [3, 3, 2, 2, 3]
+
+
+def test_a_report_reference_keeps_pace_with_the_pool_in_later_rounds() -> None:
+    from budgettune.study.fresh import FreshJob
+
+    # one H200, four slots (h200-new-cold-2026-11-29/early8): round 1 held the candidates and
+    # the baseline's run; the leader, alone but noisy (its trial 10 ms, fresh 13), took two
+    # more runs, and the baseline's two more went out after them, 14 s alone: now beside them
+    baseline = FreshJob(spec=TrialSpec(seed=9), number=9, run_name="b", phase="b", check=False)
+    times = {0: 13.0, 1: 30.0, 2: 31.0}
+
+    def walk(slots: int) -> _Searcher:
+        searcher = _Searcher(
+            peaks={0: 90, 1: 90, 2: 90, 9: 130}, times=times, fresh_slots=slots,
+            search=_Search(top_k=3),
+        )  # fmt: skip
+        found = reverify_until_one_fits(
+            searcher,
+            _candidates(3, {0: 10.0, 1: 30.0, 2: 31.0}),  # type: ignore[arg-type]
+            alongside=[baseline],
+        )
+        assert found is not None and found[0][0].trial_number == 0 and len(found[0][1]) == 3
+        return searcher
+
+    searcher = walk(4)
+    assert searcher.batches == [[0, 1, 2, 9], [0, 9]]
+    assert len(searcher.runs[9]) == 3  # as often as the pin: the report measures no more
+    # five slots: the same; three: no room in round 1 (3 + 1), nor for 3 runs beside 2 after
+    assert walk(5).batches == [[0, 1, 2, 9], [0, 9]]
+    searcher = walk(3)
+    assert searcher.batches == [[0, 1, 2], [0]] and 9 not in searcher.runs

@@ -179,13 +179,15 @@ def _rounds(
     slots still hold them, with every run that round asks of a candidate (on two H200s the
     over-limit baseline's 3 runs went out after the last round, 17 s of a 304 s search, with
     6 of 8 slots free in that round); their runs are stored, and counted when the report asks
-    for them.
+    for them. Once in, they keep pace with the pool in each later round that has room (on one
+    H200 the baseline's two more runs went out after a round of two, 14 s of a 246 s search).
     """
     pool = list(batch)
     wanted = searcher.search.reverify_runs
     slots = max(1, searcher.fresh_slots)
     runs = 0
     waiting = list(alongside)
+    joined: dict[FreshJob, int] = {}  # those that went out in a round: the runs they have
     while runs < wanted:
         at_once = first_round_runs(wanted - runs, slots, len(pool))
         # the fastest trial's first fresh run is a cold start (most often it is the winner);
@@ -196,7 +198,10 @@ def _rounds(
         # the new runs this round: at_once of each candidate, all of a reference's
         room = len(pool) * at_once + len(waiting) * runs <= slots
         extra, waiting = (waiting, []) if room else ([], waiting)
-        measured = searcher.fresh_batch([*jobs, *extra], runs=runs)
+        behind = sum(runs - had for had in joined.values())  # the runs keeping pace takes
+        pace = list(joined) if len(pool) * at_once + behind <= slots else []
+        joined.update(dict.fromkeys([*extra, *pace], runs))
+        measured = searcher.fresh_batch([*jobs, *extra, *pace], runs=runs)
         for candidate, results in zip(pool, measured, strict=False):
             reverified[candidate.trial_number] = results
         ranked = _ranked(searcher, tried, reverified)
