@@ -14,11 +14,11 @@ has room for them), and those of the ``--top-k`` fastest fitting trials that the
 still running cannot push out of it (with ``--top-k 3`` and one trial running, the two
 fastest), each as many times as the round surely gives it (its first run cold where the
 round's would be if no running trial joined it: on one GPU of four slots, a batch of four),
-every first run before any second one; where the round leaves a slot
-free for each running trial however it turns out (four GPUs: 16 slots, a round of 12-15
-runs), the others of the top-k get their cold first run too: a round waits for its slowest
-cold run, so one that waited for the last trial cost its whole tail (9-24 s in three of four
-4-GPU searches of 2026-11-28, whose last trial was no candidate). Each run is stored as a
+every first run before any second one; where the round leaves a slot free for each running
+trial however it turns out (four GPUs: 16 slots, a round of 12-15 runs), the others of the
+top-k get their cold first run too: a round waits for its slowest cold run, so one that
+waited for the last trial cost its whole tail (9-24 s in three of four 4-GPU searches of
+2026-11-28, whose last trial was no candidate). Each run is stored as a
 ``reverify`` of its trial as it comes in, exactly as a round stores it, and the round then
 counts it (`fresh.stored_runs`) instead of running it again. When the last trial has
 finished (`EarlyRound.finish`), the rest of the round's runs go out beside those still going,

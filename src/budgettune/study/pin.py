@@ -221,9 +221,9 @@ def first_round(
     `benchmarks/results/h200-new-cold-2026-11-29/`). But where the round, however it turns
     out, leaves a slot free for each running trial, a candidate that one may push out still
     gets its cold first run (one run: at most one slot a running trial wasted, and the round
-    holds the rest). In three of four
-    4-GPU searches of 2026-11-28 the last trial ended 9-24 s after the others and was no
-    candidate, and a round's wall is its slowest cold run: waiting for it cost that tail.
+    holds the rest). In three of four 4-GPU searches of 2026-11-28 the last trial ended 9-24 s
+    after the others and was no candidate, and a round's wall is its slowest cold run: waiting
+    for it cost that tail.
     `budgettune.study.early_round` runs them on the slots the last trials leave idle; with no
     trial running, this is the round's first batch exactly."""
     candidates = pin_candidates(trials, search)
