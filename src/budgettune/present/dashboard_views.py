@@ -310,6 +310,7 @@ def study_note(
             else []
         )
         runs = "?" if measured.runs is None else measured.runs
+        of = "1 re-measurement" if runs == 1 else f"worst of {runs} re-measurements"
         differs = optuna_best is not None and optuna_best != pin.trial_number
         lines += [
             f"### Current pin: trial {pin.trial_number}",
@@ -329,9 +330,7 @@ def study_note(
             ),
             "| | |",
             "|---|---|",
-            f"| peak {pin.mem_metric} ("
-            + ("1 re-measurement" if runs == 1 else f"worst of {runs} re-measurements")
-            + ") "
+            f"| peak {pin.mem_metric} ({of}) "
             f"| {format_bytes(peak)}{share}, set in {measured.peak_phase or '?'} |",
             f"| limit | {format_bytes(pin.limit_bytes)} ({pin.mem_metric}) |",
             f"| step time{'' if runs == 1 else ' (median)'} | {measured.step_time_ms:.2f} ms |",
