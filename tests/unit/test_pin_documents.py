@@ -171,12 +171,32 @@ def test_write_pin_takes_the_typed_pin_or_its_json(tmp_path: Path) -> None:
     assert load_pinned(typed, warn=False, apply_allocator=False).pin == pinned.pin
 
 
-def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() -> None:
+_CPU_SCOPE = PinScope(
+    study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cpu",
+    limit_bytes=15_000_000_000, mem_metric="device", margin=0.03,
+)  # fmt: skip
+"""The pin-table tests' scope: a 15 GB limit that budget 1.0's 19 GB does not fit."""
+
+
+def _over_limit_baseline() -> ReferenceTrial:
+    return ReferenceTrial(
+        spec=TrialSpec(), peak_bytes=19_000_000_000, peak_device_bytes=19_000_000_000,
+        step_time_ms=8.0,
+    )  # fmt: skip
+
+
+def _rendered(pin: PinDocument) -> str:
     from io import StringIO
 
     from rich.console import Console
 
-    from budgettune.pinning import ReferenceTrial, build_pin
+    out = StringIO()
+    Console(file=out, width=200).print(pin_table(pin))
+    return out.getvalue()
+
+
+def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() -> None:
+    from budgettune.pinning import build_pin
     from budgettune.trial.results import TrialResult
 
     def timed(ms: float) -> TrialResult:
@@ -186,16 +206,10 @@ def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() 
 
     full_ac = TrialSpec(block_ac_every=1)
     pin = build_pin(
-        scope=PinScope(
-            study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cpu",
-            limit_bytes=15_000_000_000, mem_metric="device", margin=0.03,
-        ),
+        scope=_CPU_SCOPE,
         candidate=Candidate(trial_number=1, spec=full_ac, step_time_ms=9.0, peak_bytes=1),
         reverify_results=[timed(9.0), timed(9.5), timed(9.2)],
-        baseline=ReferenceTrial(
-            spec=TrialSpec(), peak_bytes=19_000_000_000, peak_device_bytes=19_000_000_000,
-            step_time_ms=8.0,
-        ),
+        baseline=_over_limit_baseline(),
         baseline_results=[timed(8.0), timed(8.4)],
         baseline_status="over_limit",
         full_ac=ReferenceTrial(
@@ -204,9 +218,7 @@ def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() 
         full_ac_results=[timed(9.0), timed(9.5), timed(9.2)],
         trials=4,
     )  # fmt: skip
-    out = StringIO()
-    Console(file=out, width=200).print(pin_table(pin))
-    text = out.getvalue()
+    text = _rendered(pin)
     assert "9.20 ms (median of re-measurements, 9.00-9.50 ms)" in text
     assert "(median of 2 runs, 8.00-8.40 ms) (does not fit the limit)" in text
     assert "the pin is this configuration" in text
@@ -215,33 +227,21 @@ def test_the_pin_table_gives_the_spread_and_names_a_reference_that_is_the_pin() 
 def test_the_pin_table_of_one_cold_run_says_so_without_worst_or_median() -> None:
     # a one-GPU search re-measured its pin once, cold: it printed "worst of 1 run, 1 of them
     # with empty compile caches" and "median of re-measurements" (2026-11-29)
-    from io import StringIO
-
-    from rich.console import Console
-
-    from budgettune.pinning import ReferenceTrial, build_pin
+    from budgettune.pinning import build_pin
 
     cold = ok_result().replace(cold_caches=True)
     pin = build_pin(
-        scope=PinScope(
-            study_name="s", workload="builtin:tiny-gpt", workload_options={}, device="cpu",
-            limit_bytes=15_000_000_000, mem_metric="device", margin=0.03,
-        ),
+        scope=_CPU_SCOPE,
         candidate=Candidate(trial_number=1, spec=TrialSpec(block_ac_every=1), step_time_ms=9.0,
                             peak_bytes=1),
         reverify_results=[cold],
-        baseline=ReferenceTrial(
-            spec=TrialSpec(), peak_bytes=19_000_000_000, peak_device_bytes=19_000_000_000,
-            step_time_ms=8.0,
-        ),
+        baseline=_over_limit_baseline(),
         baseline_results=[ok_result()],
         baseline_status="over_limit",
         trials=4,
     )  # fmt: skip
     assert pin.measured.runs == 1 and pin.measured.cold_runs == 1
-    out = StringIO()
-    Console(file=out, width=200).print(pin_table(pin))
-    text = out.getvalue()
+    text = _rendered(pin)
     assert "(1 run, with empty compile caches, as on a fresh host), set in" in text
     assert "ms (1 re-measurement)" in text
     assert " peak x 1.03 (the margin)" in text
