@@ -246,6 +246,7 @@ def test_the_pin_table_of_one_cold_run_says_so_without_worst_or_median() -> None
     assert "ms (1 re-measurement)" in text
     assert " peak x 1.03 (the margin)" in text
     assert "worst" not in text and "median of re-measurements" not in text
+    assert " ms (1 run) (does not fit the limit)" in text and "median of 1" not in text
     note = study_note(study_name="s", search={}, points=[], num_failed=0, pin=pin)
     assert "| peak device (1 re-measurement) |" in note and "| step time |" in note
     assert "worst of" not in note

@@ -234,7 +234,7 @@ def _reference_figures(reference: PinReference) -> str:
     spread = reference.step_time_range_ms
     if spread is not None and reference.runs > 1:
         return f"{text} (median of {_runs(reference.runs)}, {_spread(spread)})"
-    return f"{text} (median of {_runs(reference.runs)})"
+    return f"{text} ({_median_of(reference.runs)})"
 
 
 def _spread(range_ms: tuple[float, float]) -> str:
@@ -243,6 +243,10 @@ def _spread(range_ms: tuple[float, float]) -> str:
 
 def _runs(count: int | None) -> str:
     return "1 run" if count == 1 else f"{count} runs"
+
+
+def _median_of(count: int) -> str:
+    return "1 run" if count == 1 else f"median of {count} runs"
 
 
 def _offload_rows(table: Table, pin: PinDocument) -> None:
@@ -264,7 +268,7 @@ def _offload_rows(table: Table, pin: PinDocument) -> None:
     table.add_row(
         "best without offload",
         f"{best.spec.describe()}: {format_bytes(best.peak_bytes)}, {best.step_time_ms:.2f} ms"
-        + (f" (median of {_runs(best.runs)})" if best.runs else ""),
+        + (f" ({_median_of(best.runs)})" if best.runs else ""),
     )
     table.add_row("vs best without offload", f"{best.slowdown * 100:+.1f}%")
 
