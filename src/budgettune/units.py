@@ -93,3 +93,8 @@ def format_gb(num_bytes: int | float | None) -> str:
 def format_percent(fraction: float) -> str:
     """``0.02`` → ``2%``, ``0.005`` → ``0.5%`` (a margin, never rounded to nothing)."""
     return f"{fraction * 100:.3g}%"
+
+
+def format_count(count: int | None, word: str) -> str:
+    """``1 run``, ``3 runs``: a count and its noun, singular for one."""
+    return f"{count} {word}{'' if count == 1 else 's'}"

@@ -12,7 +12,7 @@ from budgettune.errors import terminal_safe
 from budgettune.pinning.document import PinDocument, PinReference
 from budgettune.trial.results import Measurement, TrialResult
 from budgettune.trial.spec import TrialSpec
-from budgettune.units import format_bytes
+from budgettune.units import format_bytes, format_count
 
 
 def result_table(
@@ -152,7 +152,8 @@ def pin_table(pin: PinDocument, *, title: str = "pinned config") -> Table:
             else ""
         )
         peak = (
-            f"{format_bytes(measured.peak_worst_bytes)} worst of {_runs(measured.runs)}{cold} "
+            f"{format_bytes(measured.peak_worst_bytes)} "
+            f"worst of {format_count(measured.runs, 'run')}{cold} "
             f"(median {format_bytes(measured.peak_median_bytes)})"
         )
         step = f"{measured.step_time_ms:.2f} ms (median of re-measurements" + (
@@ -233,7 +234,7 @@ def _reference_figures(reference: PinReference) -> str:
         return text
     spread = reference.step_time_range_ms
     if spread is not None and reference.runs > 1:
-        return f"{text} (median of {_runs(reference.runs)}, {_spread(spread)})"
+        return f"{text} (median of {format_count(reference.runs, 'run')}, {_spread(spread)})"
     return f"{text} ({_median_of(reference.runs)})"
 
 
@@ -241,12 +242,8 @@ def _spread(range_ms: tuple[float, float]) -> str:
     return f"{range_ms[0]:.2f}-{range_ms[1]:.2f} ms"
 
 
-def _runs(count: int | None) -> str:
-    return "1 run" if count == 1 else f"{count} runs"
-
-
 def _median_of(count: int) -> str:
-    return "1 run" if count == 1 else f"median of {count} runs"
+    return "1 run" if count == 1 else f"median of {format_count(count, 'run')}"
 
 
 def _offload_rows(table: Table, pin: PinDocument) -> None:

@@ -27,6 +27,7 @@ from budgettune.trial.results import TrialResult
 from budgettune.trial.servers import TrialServers
 from budgettune.trial.spec import TrialSpec
 from budgettune.trial.trial_run import TrialRun
+from budgettune.units import format_count
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,13 +151,9 @@ def run_batch(
 def _runs_on(runs: int, devices: Sequence[str]) -> str:
     """The progress words for ``runs`` runs ("1 run on 4 slots of 1 device", "6 runs on 2
     devices"): ``devices`` names a device once a slot (`Searcher.devices`)."""
-
-    def count(n: int, word: str) -> str:
-        return f"{n} {word}{'' if n == 1 else 's'}"
-
-    held = count(len(set(devices)), "device")
+    held = format_count(len(set(devices)), "device")
     where = held if len(devices) == len(set(devices)) else f"{len(devices)} slots of {held}"
-    return f"{count(runs, 'run')} on {where}"
+    return f"{format_count(runs, 'run')} on {where}"
 
 
 def cold_once(jobs: Sequence[FreshJob], kept: Sequence[Sequence[TrialResult]]) -> list[FreshJob]:
